@@ -1,0 +1,134 @@
+"""S rules: a loader shares what is identical across methods, and only that."""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import pytest
+
+from pytest_ptn.backend import Loaded
+from pytest_ptn.exported import constants_of, immutable_by_content, mutable_keys, unique_immutable_bytes
+from pytest_ptn.harness import Case, fail_on
+from pytest_ptn.programs import Program
+
+
+def _topology(loaded: Loaded, programs: dict) -> dict[tuple[str, str], int]:
+    mutable = mutable_keys(programs)
+    return {
+        (method, key): loaded.storage(method, key)
+        for method, ep in programs.items()
+        for key in constants_of(ep)
+        if key not in mutable
+    }
+
+
+def _partition(topology: dict[tuple[str, str], int]) -> set[frozenset[tuple[str, str]]]:
+    groups: dict[int, set[tuple[str, str]]] = {}
+    for pair, storage in topology.items():
+        groups.setdefault(storage, set()).add(pair)
+    return {frozenset(g) for g in groups.values()}
+
+
+def _shared_differing(topology: dict[tuple[str, str], int], programs: dict) -> list[str]:
+    content = {pair: c for c, pairs in immutable_by_content(programs).items() for pair in pairs}
+    wrong = []
+    by_storage: dict[int, tuple[str, str]] = {}
+    for pair, storage in sorted(topology.items()):
+        other = by_storage.setdefault(storage, pair)
+        if other != pair and content[other] != content[pair]:
+            wrong.append(f"{pair[0]}:{pair[1]!r} shares storage with {other[0]}:{other[1]!r} but holds other bytes")
+    return wrong
+
+
+def _load_all(case: Case, order: list[str] | None = None) -> Loaded:
+    loaded = case.load()
+    for method in order or [m.name for m in case.program.spec.methods]:
+        loaded.load_method(method)
+    return loaded
+
+
+@pytest.mark.S1
+@pytest.mark.ptn_scenarios("dedupe")
+def test_identical_constants_share_one_allocation(ptn_case: Case) -> None:
+    programs = ptn_case.exported()
+    topology = _topology(_load_all(ptn_case), programs)
+    wrong = []
+    for pairs in immutable_by_content(programs).values():
+        storages = {topology[p] for p in pairs}
+        if len({m for m, _ in pairs}) > 1 and len(storages) > 1:
+            wrong.append(f"identical constants {pairs} occupy {len(storages)} allocations")
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.S2
+@pytest.mark.ptn_scenarios("collision")
+def test_same_name_different_content_is_never_shared(ptn_case: Case) -> None:
+    programs = ptn_case.exported()
+    wrong = _shared_differing(_topology(_load_all(ptn_case), programs), programs)
+    assert not wrong, "\n".join(wrong)
+    fail_on(ptn_case.run_sequence(ptn_case.load()), "outputs differ from eager")
+
+
+@pytest.mark.S3
+@pytest.mark.ptn_scenarios("total_collision")
+def test_later_method_with_every_name_cached_is_still_checked(ptn_case: Case) -> None:
+    programs = ptn_case.exported()
+    loaded = _load_all(ptn_case)
+    wrong = _shared_differing(_topology(loaded, programs), programs)
+    assert not wrong, "\n".join(wrong)
+    fail_on(ptn_case.run_sequence(loaded), "outputs differ from eager after loading every method")
+
+
+@pytest.mark.S4
+@pytest.mark.ptn_scenarios("collision")
+def test_two_programs_in_one_process_do_not_leak(ptn_case: Case, tmp_path_factory: pytest.TempPathFactory) -> None:
+    first = _load_all(ptn_case)
+    fail_on(ptn_case.run_sequence(first), "first program differs from eager")
+    other = Program(ptn_case.scenario.spec.with_other_values())
+    lowered = ptn_case.backend.lower(other.export(), tmp_path_factory.mktemp("other"))
+    second = ptn_case.backend.load(lowered)
+    mismatches = []
+    for i, call in enumerate(other.eager()):
+        got = second.run(call.method, [t.clone() for t in call.inputs])
+        if not all(g.allclose(w, rtol=1e-5, atol=1e-5) for g, w in zip(got, call.outputs)):
+            mismatches.append(f"call #{i} {call.method}() of the second program reads the first program's data")
+    assert not mismatches, "\n".join(mismatches)
+
+
+@pytest.mark.S5
+@pytest.mark.ptn_scenarios("valid")
+def test_load_order_does_not_matter(ptn_case: Case) -> None:
+    programs = ptn_case.exported()
+    names = [m.name for m in ptn_case.program.spec.methods]
+    forward, backward = _load_all(ptn_case, names), _load_all(ptn_case, names[::-1])
+    assert _partition(_topology(forward, programs)) == _partition(_topology(backward, programs)), (
+        "sharing topology depends on the order methods load in"
+    )
+    fail_on(ptn_case.run_sequence(backward), "outputs differ from eager when methods load in reverse order")
+
+
+@pytest.mark.S6
+@pytest.mark.ptn_scenarios("dedupe")
+def test_sharing_check_costs_no_memory(ptn_case: Case) -> None:
+    backend = type(ptn_case.backend)()  # an empty cache: every unique constant is paid for once
+    programs = ptn_case.exported()
+    loaded = backend.load(ptn_case.lower())
+    for method in programs:
+        loaded.load_method(method)
+    reading = loaded.constant_memory()
+    unique = unique_immutable_bytes(programs)
+    assert reading.peak_bytes <= unique * 1.05, (
+        f"peak constant memory {reading.peak_bytes} B is {reading.peak_bytes / max(unique, 1):.2f}x the "
+        f"{unique} unique constant bytes ({reading.probe})"
+    )
+
+
+@pytest.mark.S7
+@pytest.mark.ptn_scenarios("dedupe")
+def test_concurrent_loads_give_the_same_topology(ptn_case: Case) -> None:
+    programs = ptn_case.exported()
+    sequential = _partition(_topology(_load_all(ptn_case), programs))
+    loaded = ptn_case.load()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+        list(pool.map(loaded.load_method, list(programs)))
+    assert _partition(_topology(loaded, programs)) == sequential, "threads change the sharing topology"

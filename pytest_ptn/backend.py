@@ -1,0 +1,175 @@
+"""The one protocol every backend implements, and how a backend is found by name.
+
+A backend lowers a dict of ExportedPrograms into an artifact and loads it; optional views (package
+contents, storage identity, state, constant memory) are promised by its capabilities, which decide the rules
+that apply to it. Adding a backend is a module with a Backend subclass plus an entry point in the
+``pytest_ptn.backends`` group (or ``--ptn-backend=package.module:Class`` for one not installed).
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib
+import importlib.metadata
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    import torch
+
+    from pytest_ptn.spec import Scenario
+
+ENTRY_POINT_GROUP = "pytest_ptn.backends"
+
+
+class Capability(enum.Enum):
+    PACKAGE = "package"
+    """Lowering writes a package with named data that ``Lowered.package()`` shows (P rules)."""
+    EXECUTE = "execute"
+    """Loaded methods run (E rules)."""
+    STORAGE = "storage"
+    """``Loaded.storage()`` tells which constants share one allocation (S1-S5, S7)."""
+    STATE = "state"
+    """``Loaded.state()`` shows mutable buffers between calls (stronger E3-E5 checks)."""
+    MEMORY = "memory"
+    """``Loaded.constant_memory()`` measures what loading allocated for constants (S6)."""
+
+
+@dataclass(frozen=True)
+class Availability:
+    available: bool
+    reason: str = ""
+    versions: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A stored tensor of a package, described without reading its bytes."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A place in a package that names a data key: ``where`` says which field (binding, mutation target, ...)."""
+
+    method: str
+    where: str
+    name: str
+
+
+@dataclass
+class PackageView:
+    """What a package holds, as read back from the file: the P rules are checked against this."""
+
+    bindings: dict[str, dict[str, str]]
+    """method -> key as the exported program names it -> final name."""
+    references: list[Reference]
+    entries: dict[str, Entry]
+    """owners: final name -> stored tensor."""
+    aliases: dict[str, str]
+    """alias -> owner."""
+    state_keys: set[str]
+    read: Callable[[str], torch.Tensor]
+    """The tensor stored under a final name, aliases resolved."""
+
+
+@dataclass(frozen=True)
+class MemoryReading:
+    peak_bytes: int
+    probe: str
+    """Which instrument produced the number, for the report."""
+
+
+class Lowered(ABC):
+    """A lowered program: the artifact on disk plus whatever the backend needs to load it."""
+
+    path: Path
+
+    def package(self) -> PackageView:
+        raise NotImplementedError(f"{type(self).__name__} has no package view")
+
+
+class Loaded(ABC):
+    """One loaded copy of a program: state belongs to it, never to other copies."""
+
+    @abstractmethod
+    def load_method(self, method: str) -> None:
+        """Load (bind constants of) one method; ``run`` loads on first use."""
+
+    @abstractmethod
+    def run(self, method: str, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Call a method; mutations of inputs are written into ``inputs`` as eager does."""
+
+    def storage(self, method: str, key: str) -> int:
+        """Identity of the allocation behind constant ``key`` (as the exported program names it)."""
+        raise NotImplementedError(f"{type(self).__name__} has no storage view")
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """Current mutable buffers by the FQN the exported programs give them."""
+        raise NotImplementedError(f"{type(self).__name__} has no state view")
+
+    def constant_memory(self) -> MemoryReading:
+        """Peak memory this copy's loading allocated for immutable constants."""
+        raise NotImplementedError(f"{type(self).__name__} has no memory probe")
+
+
+class Backend(ABC):
+    name: ClassVar[str]
+    capabilities: ClassVar[frozenset[Capability]]
+
+    @classmethod
+    @abstractmethod
+    def availability(cls) -> Availability:
+        """Whether this machine can run the backend, cheaply: never import torch or executorch here."""
+
+    def unsupported(self, scenario: Scenario) -> str | None:
+        """Why this backend cannot express ``scenario`` at all (reported as not applicable), or None."""
+        return None
+
+    @abstractmethod
+    def lower(self, programs: dict[str, torch.export.ExportedProgram], workdir: Path) -> Lowered:
+        """Lower fresh ExportedPrograms (method name -> program) into an artifact under ``workdir``."""
+
+    @abstractmethod
+    def load(self, lowered: Lowered) -> Loaded:
+        """Load a fresh, independent copy of a lowered program."""
+
+
+class BackendNotFound(LookupError):
+    pass
+
+
+def installed_backends() -> dict[str, importlib.metadata.EntryPoint]:
+    return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def resolve_backend(spec: str) -> type[Backend]:
+    """A backend class from an installed name or a ``module:Class`` path."""
+    if ":" in spec:
+        module_name, _, attr = spec.partition(":")
+        try:
+            cls = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as e:
+            raise BackendNotFound(f"cannot import backend {spec!r}: {e}") from e
+    else:
+        installed = installed_backends()
+        if spec not in installed:
+            known = ", ".join(sorted(installed)) or "none"
+            raise BackendNotFound(f"unknown backend {spec!r} (installed: {known})")
+        cls = installed[spec].load()
+    if not (isinstance(cls, type) and issubclass(cls, Backend)):
+        raise BackendNotFound(f"{spec!r} is not a pytest_ptn.backend.Backend subclass")
+    return cls
+
+
+def package_version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None

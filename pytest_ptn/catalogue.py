@@ -1,0 +1,322 @@
+"""The named scenarios of SPEC section 5: programs that collide on purpose, and the ones rules reject.
+
+Tags say what a scenario exercises, so each conformance test picks only the scenarios its rule is about:
+``valid`` (all programs that must lower), ``collision`` (same name, different tensors), ``dedupe`` (equal
+tensors stored once), ``shared_weight``, ``shared_state``, ``private_state``, ``buffers`` (buffers read,
+so initial values matter), ``state_bytes`` (state equal in bytes to a constant), ``total_collision``,
+``reject``.
+"""
+
+from __future__ import annotations
+
+from pytest_ptn.spec import Branch, Constant, Method, ProgramSpec, Scenario, Write
+
+
+def _vals(*v: float) -> tuple[float, ...]:
+    return tuple(float(x) for x in v)
+
+
+def _attr(name: str, *v: float) -> Constant:
+    return Constant(name, "attribute", values=_vals(*v))
+
+
+def _arange(n: int, start: float = 0.0, step: float = 1.0) -> tuple[float, ...]:
+    return tuple(start + step * i for i in range(n))
+
+
+def _s(
+    name: str,
+    doc: str,
+    spec: ProgramSpec,
+    *tags: str,
+    rejects: str | None = None,
+    names: tuple[str, ...] = (),
+    needs: tuple[str, ...] = (),
+) -> Scenario:
+    tagset = frozenset(tags) | ({"reject", rejects} if rejects else {"valid"})
+    return Scenario(name, doc, spec, rejects, tagset, frozenset(needs), names)
+
+
+SCENARIOS: tuple[Scenario, ...] = (
+    _s(
+        "colliding_scalars",
+        "prefill scales by 0.125, decode adds 2.0: ExecuTorch lifts both to `_lifted_tensor_constant0`.",
+        ProgramSpec(
+            methods=(
+                Method("prefill", (Constant("scale", "scalar", shape=(), values=(0.125,)),), reads=("scale",)),
+                Method("decode", (Constant("offset", "scalar", shape=(), values=(2.0,)),), reads=("offset",)),
+            ),
+            calls=("prefill", "decode", "prefill"),
+        ),
+        "collision",
+    ),
+    _s(
+        "colliding_literals",
+        "`torch.tensor(...)` built in each forward: both exported as `lifted_tensor_0` with other values.",
+        ProgramSpec(
+            methods=(
+                Method("prefill", (Constant("t", "literal", values=_vals(1, 2, 3, 4)),), reads=("t",)),
+                Method("decode", (Constant("t", "literal", values=_vals(10, 20, 30, 40)),), reads=("t",)),
+            ),
+            calls=("decode", "prefill", "decode"),
+        ),
+        "collision",
+    ),
+    _s(
+        "colliding_tensor_constants",
+        "A 16-element tensor attribute named `_tensor_constant0` in both methods (AOTInductor's naming; more "
+        "than 8 elements, so it is not inlined), same dtype and shape, other bytes.",
+        ProgramSpec(
+            methods=(
+                Method("encoder", (Constant("_tensor_constant0", "attribute", shape=(16,), seed=1),),
+                       reads=("_tensor_constant0",)),
+                Method("decoder", (Constant("_tensor_constant0", "attribute", shape=(16,), seed=2),),
+                       reads=("_tensor_constant0",)),
+            ),
+        ),
+        "collision",
+    ),
+    _s(
+        "shared_weight",
+        "One parameter `shared.w` read by both methods: stored once, loaded once.",
+        ProgramSpec(
+            methods=(
+                Method("prefill", reads=("w",)),
+                Method("decode", (Constant("t", "literal", values=_vals(5, 6, 7, 8)),), reads=("w", "t")),
+            ),
+            shared=(Constant("w", "parameter", shape=(8, 4), seed=3),),
+        ),
+        "shared_weight",
+        "dedupe",
+    ),
+    _s(
+        "equal_values_different_names",
+        "`scale_a` in one method and `scale_b` in the other hold equal bytes: stored once, may share storage.",
+        ProgramSpec(
+            methods=(
+                Method("a", (Constant("scale_a", "buffer", shape=(16,), seed=4),), reads=("scale_a",)),
+                Method("b", (Constant("scale_b", "buffer", shape=(16,), seed=4),), reads=("scale_b",)),
+            ),
+        ),
+        "dedupe",
+    ),
+    _s(
+        "same_metadata_different_bytes",
+        "A parameter `weight` in each method: same FQN, dtype, shape, strides and device; only bytes differ.",
+        ProgramSpec(
+            methods=(
+                Method("prefill", (Constant("weight", "parameter", shape=(4, 4), seed=5),), reads=("weight",)),
+                Method("decode", (Constant("weight", "parameter", shape=(4, 4), seed=6),), reads=("weight",)),
+            ),
+        ),
+        "collision",
+    ),
+    _s(
+        "total_collision",
+        "Every constant name of `decode` is already used by `prefill`: `weight` and `_tensor_constant0` differ, "
+        "`bias` is equal. A loader that skips its check when all names are cached reads prefill's data.",
+        ProgramSpec(
+            methods=(
+                Method(
+                    "prefill",
+                    (
+                        Constant("weight", "parameter", shape=(4, 4), seed=7),
+                        Constant("bias", "parameter", shape=(4,), seed=8),
+                        Constant("_tensor_constant0", "attribute", shape=(16,), seed=9),
+                    ),
+                    reads=("weight", "bias", "_tensor_constant0"),
+                ),
+                Method(
+                    "decode",
+                    (
+                        Constant("weight", "parameter", shape=(4, 4), seed=10),
+                        Constant("bias", "parameter", shape=(4,), seed=8),
+                        Constant("_tensor_constant0", "attribute", shape=(16,), seed=11),
+                    ),
+                    reads=("weight", "bias", "_tensor_constant0"),
+                ),
+            ),
+        ),
+        "collision",
+        "total_collision",
+        "dedupe",
+    ),
+    _s(
+        "kv_cache",
+        "A shared KV cache `shared.kv` written row by row by `prefill` (index_copy_) and read by `decode`; "
+        "the calls interleave the two methods.",
+        ProgramSpec(
+            methods=(
+                Method("prefill", writes=(Write("kv", "index_copy"),), reads=("kv",)),
+                Method("decode", (Constant("t", "literal", values=_vals(1, 1, 2, 2)),), reads=("kv", "t")),
+            ),
+            shared=(Constant("kv", "buffer", shape=(4, 4), values=(0.0,) * 16),),
+            calls=("decode", "prefill", "decode", "prefill", "prefill", "decode"),
+        ),
+        "shared_state",
+        "buffers",
+    ),
+    _s(
+        "nonpersistent_written",
+        "A non-persistent buffer `shared.acc` that `step` adds to and `peek` reads.",
+        ProgramSpec(
+            methods=(
+                Method("step", writes=(Write("acc", "add"),), reads=("acc",)),
+                Method("peek", reads=("acc",)),
+            ),
+            shared=(Constant("acc", "buffer", shape=(4,), values=_vals(1, 2, 3, 4), persistent=False),),
+            calls=("peek", "step", "peek", "step", "peek"),
+        ),
+        "shared_state",
+        "buffers",
+    ),
+    _s(
+        "nonpersistent_readonly",
+        "A read-only non-persistent buffer holding `arange(8)`: it must not start zero-filled.",
+        ProgramSpec(
+            methods=(
+                Method("prefill", reads=("positions",)),
+                Method("decode", (Constant("t", "literal", values=_vals(3, 1, 4, 1)),), reads=("positions", "t")),
+            ),
+            shared=(Constant("positions", "buffer", shape=(8,), values=_arange(8), persistent=False),),
+        ),
+        "buffers",
+    ),
+    _s(
+        "private_same_shape_buffers",
+        "`a_state` and `b_state`, same shape, each written by one method only: calls of the other must not "
+        "touch it.",
+        ProgramSpec(
+            methods=(
+                Method("a", (Constant("a_state", "buffer", shape=(4,), values=(0.0,) * 4),),
+                       writes=(Write("a_state", "add"),), reads=("a_state",)),
+                Method("b", (Constant("b_state", "buffer", shape=(4,), values=(0.0,) * 4),),
+                       writes=(Write("b_state", "add"),), reads=("b_state",)),
+            ),
+            calls=("a", "b", "a", "b", "b", "a"),
+        ),
+        "private_state",
+        "buffers",
+    ),
+    _s(
+        "equal_bytes_state",
+        "A mutable `shared.counter` starts with the same bytes as the immutable `zeros`: it must be stored "
+        "apart, never aliased.",
+        ProgramSpec(
+            methods=(
+                Method("count", writes=(Write("counter", "add"),), reads=("counter",)),
+                Method("read", (Constant("zeros", "buffer", shape=(4,), values=(0.0,) * 4),),
+                       reads=("zeros", "counter")),
+            ),
+            shared=(Constant("counter", "buffer", shape=(4,), values=(0.0,) * 4),),
+            calls=("count", "read", "count", "read"),
+        ),
+        "shared_state",
+        "state_bytes",
+        "buffers",
+    ),
+    _s(
+        "conflicting_state",
+        "Both methods mutate a buffer `cache` but start it from different values: rejected (P7).",
+        ProgramSpec(
+            methods=(
+                Method("prefill", (Constant("cache", "buffer", shape=(4,), values=(0.0,) * 4),),
+                       writes=(Write("cache", "add"),), reads=("cache",)),
+                Method("decode", (Constant("cache", "buffer", shape=(4,), values=(1.0,) * 4),),
+                       writes=(Write("cache", "add"),), reads=("cache",)),
+            ),
+        ),
+        rejects="P7",
+        names=("cache", "prefill", "decode"),
+    ),
+    _s(
+        "method_named_state",
+        "A method called `state` would share the namespace of mutable keys: rejected (P6).",
+        ProgramSpec(
+            methods=(
+                Method("state", (Constant("w", "parameter", shape=(4,), seed=12),), reads=("w",)),
+                Method("decode", (Constant("w", "parameter", shape=(4,), seed=13),), reads=("w",)),
+            ),
+        ),
+        rejects="P6",
+        names=("state",),
+    ),
+    _s(
+        "final_name_collision",
+        "Method `enc` key `attn/scale` and method `enc/attn` key `scale` both become `enc/attn/scale`: "
+        "rejected (P8).",
+        ProgramSpec(
+            methods=(
+                Method("enc", (Constant("attn/scale", "buffer", shape=(4,), seed=14),), reads=("attn/scale",)),
+                Method("enc/attn", (Constant("scale", "buffer", shape=(4,), seed=15),), reads=("scale",)),
+            ),
+        ),
+        rejects="P8",
+        names=("'enc'", "attn/scale", "enc/attn", "'scale'"),
+    ),
+    _s(
+        "single_method",
+        "One method with a parameter and a literal: namespaced all the same (P1).",
+        ProgramSpec(
+            methods=(
+                Method(
+                    "forward",
+                    (Constant("w", "parameter", shape=(4, 4), seed=16), Constant("t", "literal", values=_vals(9, 8, 7, 6))),
+                    reads=("w", "t"),
+                ),
+            ),
+        ),
+    ),
+    _s(
+        "input_mutation",
+        "`step` adds 1 to its input in place before reading a constant: the caller sees the mutation.",
+        ProgramSpec(
+            methods=(
+                Method("step", (Constant("t", "literal", values=_vals(1, 2, 3, 4)),), reads=("t",),
+                       mutates_input=True),
+                Method("other", (Constant("t", "literal", values=_vals(4, 3, 2, 1)),), reads=("t",)),
+            ),
+        ),
+        "collision",
+        needs=("input_mutation",),
+    ),
+    _s(
+        "cond_constants",
+        "`torch.cond` whose branches each add their own constant tensor, named alike in both methods.",
+        ProgramSpec(
+            methods=(
+                Method("prefill", branch=Branch(_attr("_tensor_constant0", 1, 2, 3, 4), _attr("_tensor_constant1", 4, 3, 2, 1))),
+                Method("decode", branch=Branch(_attr("_tensor_constant0", 10, 20, 30, 40), _attr("_tensor_constant1", 9, 8, 7, 6))),
+            ),
+            calls=("prefill", "decode", "prefill", "decode"),
+        ),
+        "collision",
+        needs=("cond",),
+    ),
+    _s(
+        "eight_methods",
+        "Eight methods each with a literal, a `_tensor_constant0` attribute and a scalar, all colliding.",
+        ProgramSpec(
+            methods=tuple(
+                Method(
+                    f"m{i}",
+                    (
+                        Constant("t", "literal", values=_arange(4, start=float(i))),
+                        Constant("_tensor_constant0", "attribute", shape=(16,), seed=100 + i),
+                        Constant("s", "scalar", shape=(), values=(float(i) / 8,)),
+                    ),
+                    reads=("t", "_tensor_constant0", "s"),
+                )
+                for i in range(8)
+            ),
+        ),
+        "collision",
+    ),
+)
+
+BY_NAME = {s.name: s for s in SCENARIOS}
+
+
+def tagged(*tags: str) -> list[Scenario]:
+    """Scenarios carrying every one of ``tags``."""
+    return [s for s in SCENARIOS if set(tags) <= s.tags]

@@ -1,0 +1,141 @@
+"""One conformance case: a backend and a scenario, with lowering cached for the session and eager truth.
+
+Lowering is the slow step, so every test of one (backend, scenario) shares one lowering (or its rejection);
+loading is cheap and every test gets fresh loaded copies, so state never leaks between tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from pytest_ptn.backend import Backend, Loaded, Lowered
+    from pytest_ptn.programs import EagerCall, Program
+    from pytest_ptn.spec import Scenario
+
+
+def functionalize(programs: dict[str, torch.export.ExportedProgram]) -> dict[str, torch.export.ExportedProgram]:
+    """Core-ATen functional programs: mutations become outputs listed in the graph signature."""
+    import warnings
+
+    with warnings.catch_warnings():  # torch's own pytree deprecation noise, once per program
+        warnings.simplefilter("ignore", FutureWarning)
+        return {m: ep.run_decompositions({}) for m, ep in programs.items()}
+
+
+@dataclass
+class Mismatch:
+    call: int
+    method: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"call #{self.call} {self.method}(): {self.detail}"
+
+
+class Case:
+    def __init__(
+        self,
+        backend: Backend,
+        scenario: Scenario,
+        workdir: Callable[[str], Path],
+        lowered: dict[tuple[str, str], object],
+        inspected: dict[str, dict[str, torch.export.ExportedProgram]],
+    ):
+        self.backend = backend
+        self.scenario = scenario
+        self._workdir = workdir
+        self._lowered = lowered
+        self._inspected = inspected
+
+    @cached_property
+    def program(self) -> Program:
+        from pytest_ptn.programs import Program
+
+        return Program(self.scenario.spec)
+
+    def exported(self) -> dict[str, torch.export.ExportedProgram]:
+        """Fresh programs to inspect (never the ones the backend lowered), functionalized so that their
+        signatures list every buffer a method mutates. Computed once per scenario: treat them as read-only."""
+        name = self.scenario.name
+        if name not in self._inspected:
+            self._inspected[name] = functionalize(self.program.export())
+        return self._inspected[name]
+
+    def lower_fresh(self) -> Lowered:
+        return self.backend.lower(self.program.export(), self._workdir(self.scenario.name))
+
+    def lower(self) -> Lowered:
+        """The session's lowering of this case; a rejection is re-raised for every test that asks."""
+        key = (self.backend.name, self.scenario.name)
+        if key not in self._lowered:
+            try:
+                self._lowered[key] = self.lower_fresh()
+            except Exception as e:  # kept and re-raised: the rejection is the result
+                self._lowered[key] = e
+        result = self._lowered[key]
+        if isinstance(result, Exception):
+            raise result
+        return result  # type: ignore[return-value]
+
+    def load(self) -> Loaded:
+        return self.backend.load(self.lower())
+
+    def eager(self) -> list[EagerCall]:
+        return self.program.eager()
+
+    def read_names(self, method: str) -> list[str]:
+        m = self.scenario.spec.method(method)
+        return [*m.reads, *(["cond"] if m.branch else [])] or ["x.sum()"]
+
+    def run_sequence(self, loaded: Loaded, calls: list[EagerCall] | None = None) -> list[Mismatch]:
+        """Run the call sequence on ``loaded``; every way it differs from eager."""
+        import torch
+
+        mismatches = []
+        for i, call in enumerate(calls if calls is not None else self.eager()):
+            given = [t.clone() for t in call.inputs]
+            got = loaded.run(call.method, given)
+            if len(got) != len(call.outputs):
+                mismatches.append(Mismatch(i, call.method, f"{len(got)} outputs, eager gives {len(call.outputs)}"))
+                continue
+            names = self.read_names(call.method)
+            for want, have in zip(call.outputs, got):
+                if have.shape != want.shape or not torch.allclose(have.to(want.dtype), want, rtol=1e-5, atol=1e-5):
+                    mismatches.append(Mismatch(i, call.method, _describe(names, want, have)))
+            for j, (want, have) in enumerate(zip(call.inputs_after, given)):
+                if not torch.allclose(have, want, rtol=1e-5, atol=1e-5):
+                    mismatches.append(
+                        Mismatch(i, call.method, f"input {j} after the call is {_fmt(have)}, eager {_fmt(want)}")
+                    )
+        return mismatches
+
+
+def _describe(names: list[str], want: torch.Tensor, have: torch.Tensor) -> str:
+    if have.shape != want.shape:
+        return f"output shape {tuple(have.shape)}, eager {tuple(want.shape)}"
+    parts = []
+    for k, name in enumerate(names[: want.numel()]):
+        w, h = float(want.reshape(-1)[k]), float(have.reshape(-1)[k])
+        if abs(w - h) > 1e-5 * max(1.0, abs(w)):
+            parts.append(f"value {k} (reads {name!r}) is {h:.6g}, eager {w:.6g}")
+    return "; ".join(parts) or f"output {_fmt(have)}, eager {_fmt(want)}"
+
+
+def _fmt(t: torch.Tensor) -> str:
+    return str([round(v, 4) for v in t.reshape(-1).tolist()[:8]])
+
+
+def fail_on(mismatches: list[Mismatch], what: str) -> None:
+    if mismatches:
+        import pytest
+
+        lines = "\n  ".join(str(m) for m in mismatches[:10])
+        more = f"\n  ... and {len(mismatches) - 10} more" if len(mismatches) > 10 else ""
+        pytest.fail(f"{what}:\n  {lines}{more}", pytrace=False)

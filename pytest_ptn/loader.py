@@ -1,0 +1,101 @@
+"""The reference loader: binds each method's constants only from the reference package, by final name.
+
+Each method runs its functional core-ATen graph; immutable constants are shared through a SharingCache and
+mutated state is written back after every call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pytest_ptn import rules
+from pytest_ptn.backend import Loaded, Lowered, MemoryReading, PackageView
+from pytest_ptn.package import Package, read_package, view
+
+
+class ReferenceLowered(Lowered):
+    def __init__(self, path: Path, graphs: dict[str, torch.fx.GraphModule]):
+        self.path = path
+        self.graphs = graphs
+
+    def package(self) -> PackageView:
+        return view(read_package(self.path))
+
+
+class ReferenceLoaded(Loaded):
+    def __init__(self, package: Package, graphs: dict[str, torch.fx.GraphModule], cache: rules.SharingCache):
+        self._package = package
+        self._graphs = graphs
+        self._cache = cache
+        self._state = self._initial_state()
+        self._bound: dict[str, dict[str, torch.Tensor]] = {}
+        self._allocated = 0
+        self._peak = 0
+
+    def _initial_state(self) -> dict[str, torch.Tensor]:
+        """A private, writable copy of every state entry: loaded copies never share state (E4)."""
+        return {k: self._package.tensor(k).clone() for k in self._package.state_keys}
+
+    def _allocate(self, host: torch.Tensor) -> torch.Tensor:
+        """Materialize a constant (this loader's 'device' copy), counting the bytes for S6."""
+        self._allocated += host.numel() * host.element_size()
+        self._peak = max(self._peak, self._allocated)
+        return host.clone()
+
+    def _bind(self, method: str, key: str, final: str) -> torch.Tensor:
+        return self._cache.share(self._package.tensor(final), self._allocate)
+
+    def _state_tensor(self, method: str, final: str) -> torch.Tensor:
+        return self._state[final]
+
+    def _constants(self, method: str) -> list[dict[str, Any]]:
+        if method not in self._package.bindings:
+            raise KeyError(f"no method {method!r} in package (has {sorted(self._package.bindings)})")
+        return [i for i in self._package.bindings[method]["inputs"] if i["kind"] == "constant"]
+
+    def load_method(self, method: str) -> None:
+        if method in self._bound:
+            return
+        self._bound[method] = {
+            item["final"]: self._bind(method, item["key"], item["final"])
+            for item in self._constants(method)
+            if item["final"] not in self._state
+        }
+
+    def _tensor(self, method: str, final: str) -> torch.Tensor:
+        bound = self._bound[method]
+        return bound[final] if final in bound else self._state_tensor(method, final)
+
+    def run(self, method: str, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        self.load_method(method)
+        sig = self._package.bindings[method]
+        args = [
+            inputs[item["index"]] if item["kind"] == "user" else self._tensor(method, item["final"])
+            for item in sig["inputs"]
+        ]
+        with torch.no_grad():
+            outs = self._graphs[method](*args)
+        results = []
+        for item, value in zip(sig["outputs"], outs):
+            if item["kind"] == "state":
+                self._state_tensor(method, item["final"]).copy_(value)
+            elif item["kind"] == "input":
+                inputs[item["index"]].copy_(value)
+            else:
+                results.append(value)
+        return results
+
+    def storage(self, method: str, key: str) -> int:
+        self.load_method(method)
+        final = next(i["final"] for i in self._constants(method) if i["key"] == key)
+        return self._tensor(method, final).untyped_storage().data_ptr()
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return {k.removeprefix(f"{rules.STATE}/"): t for k, t in self._state.items()}
+
+    def constant_memory(self) -> MemoryReading:
+        return MemoryReading(self._peak, "reference loader: peak bytes it held for constants")

@@ -1,0 +1,210 @@
+"""The pytest plugin: ``--ptn-backend``, rule markers, backend x scenario parametrization, the header.
+
+Loading it imports neither torch nor executorch (backends import them when they lower or load), so a
+repository that has pytest-ptn installed pays nothing in runs that do not use it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shlex
+from collections.abc import Generator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from pytest_ptn import catalogue, report
+from pytest_ptn.backend import Availability, Backend, BackendNotFound, Capability, resolve_backend
+from pytest_ptn.ruleset import RULES, SPEC_VERSION
+
+if TYPE_CHECKING:
+    from pytest_ptn.harness import Case
+    from pytest_ptn.spec import Scenario
+
+DEFAULT_BACKEND = "reference"
+SUITE_PACKAGE = "pytest_ptn.conformance"
+
+RULE_NEEDS: dict[str, frozenset[Capability]] = {
+    **{r: frozenset({Capability.PACKAGE}) for r in RULES if r.startswith("P")},
+    **{r: frozenset({Capability.EXECUTE}) for r in RULES if r.startswith("E")},
+    **{r: frozenset({Capability.EXECUTE, Capability.STORAGE}) for r in ("S1", "S2", "S3", "S4", "S5", "S7")},
+    "S6": frozenset({Capability.EXECUTE, Capability.MEMORY}),
+    "X1": frozenset(),
+    "X2": frozenset({Capability.PACKAGE}),
+}
+"""What a backend must be able to show for a rule's tests to apply to it."""
+
+
+@dataclass
+class Session:
+    """Plugin state for one pytest run (kept on ``config.stash``)."""
+
+    requested: list[str]
+    explicit: bool
+    classes: dict[str, type[Backend]] = field(default_factory=dict)
+    availability: dict[str, Availability] = field(default_factory=dict)
+    instances: dict[str, Backend] = field(default_factory=dict)
+    lowered: dict[tuple[str, str], object] = field(default_factory=dict)
+    inspected: dict[str, dict] = field(default_factory=dict)
+
+    def backend(self, spec: str) -> Backend:
+        if spec not in self.instances:
+            self.instances[spec] = self.classes[spec]()
+        return self.instances[spec]
+
+
+SESSION = pytest.StashKey[Session]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("ptn", "pytest-ptn: ExecuTorch backend conformance")
+    group.addoption(
+        "--ptn-backend",
+        action="append",
+        dest="ptn_backends",
+        metavar="NAME",
+        help="backend to run the conformance suite on: an installed name (reference, native, ...) or "
+        "module:Class; repeatable. Giving one also collects the installed suite when no paths are given.",
+    )
+    parser.addini("ptn_backends", type="linelist", help="backends to run when --ptn-backend is not given")
+    report.add_options(group)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for rule in RULES.values():
+        config.addinivalue_line("markers", f"{rule.id}: conformance rule {rule.id} ({rule.level}): {rule.title}")
+    config.addinivalue_line(
+        "markers", "ptn_scenarios(tag): run this conformance test on every catalogue scenario with this tag"
+    )
+    cli = config.getoption("ptn_backends") or []
+    ini = config.getini("ptn_backends")
+    requested = list(dict.fromkeys(cli or ini or [DEFAULT_BACKEND]))
+    state = Session(requested, explicit=bool(cli or ini))
+    config.stash[SESSION] = state
+    if config.getoption("help", False):
+        return
+    report.configure(config)
+    for spec in requested:
+        try:
+            cls = resolve_backend(spec)
+        except BackendNotFound as e:
+            raise pytest.UsageError(f"--ptn-backend: {e}") from e
+        state.classes[spec] = cls
+        state.availability[spec] = cls.availability()
+        if state.explicit and not state.availability[spec].available:
+            raise pytest.UsageError(
+                f"--ptn-backend={spec} is unavailable on this machine: {state.availability[spec].reason}"
+            )
+    if state.explicit and config.args_source != pytest.Config.ArgsSource.ARGS:
+        suite = suite_path()
+        if suite is not None and str(suite) not in config.args:
+            config.args.append(str(suite))
+
+
+def suite_path() -> Path | None:
+    """Where the installed conformance suite lives, found without importing it."""
+    spec = importlib.util.find_spec(SUITE_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    state = config.stash.get(SESSION, None)
+    if state is None or not state.explicit:
+        return []
+    lines = [f"ptn: conformance spec v{SPEC_VERSION}"]
+    for spec in state.requested:
+        a = state.availability[spec]
+        versions = ", ".join(f"{k} {v}" for k, v in a.versions.items())
+        status = f"available ({versions})" if a.available else f"UNAVAILABLE: {a.reason}"
+        lines.append(f"ptn backend {spec}: {status}")
+    return lines
+
+
+def _scenarios(metafunc: pytest.Metafunc) -> list[Scenario]:
+    marker = metafunc.definition.get_closest_marker("ptn_scenarios")
+    if marker is None:
+        return list(catalogue.SCENARIOS)
+    return catalogue.tagged(*marker.args)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    state = metafunc.config.stash[SESSION]
+    if "ptn_backend" in metafunc.fixturenames:
+        metafunc.parametrize("ptn_backend", state.requested, indirect=True, scope="session")
+    if "ptn_scenario" in metafunc.fixturenames:
+        names = [s.name for s in _scenarios(metafunc)]
+        metafunc.parametrize("ptn_scenario", names, indirect=True)
+
+
+def rules_of(item: pytest.Item) -> list[str]:
+    return [m.name for m in item.iter_markers() if m.name in RULES]
+
+
+def _callspec_param(item: pytest.Item, name: str) -> str | None:
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get(name) if callspec is not None else None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        rules = rules_of(item)
+        if not rules:
+            continue
+        backend = _callspec_param(item, "ptn_backend")
+        scenario = _callspec_param(item, "ptn_scenario")
+        item.user_properties.extend(("ptn_rule", r) for r in rules)
+        if backend is not None:
+            item.user_properties.append(("ptn_backend", backend))
+            repro = f"pytest {shlex.quote(f'{item.path}::{item.name}')} --ptn-backend={shlex.quote(backend)}"
+            item.user_properties.append(("ptn_repro", repro))
+        if scenario is not None:
+            item.user_properties.append(("ptn_scenario", scenario))
+
+
+@pytest.fixture(scope="session")
+def ptn_backend(request: pytest.FixtureRequest) -> Backend:
+    """The backend under test (one instance per run, so its caches live as long as a loader's would)."""
+    return request.config.stash[SESSION].backend(request.param)
+
+
+@pytest.fixture
+def ptn_scenario(request: pytest.FixtureRequest) -> Scenario:
+    return catalogue.BY_NAME[request.param]
+
+
+@pytest.fixture
+def ptn_case(
+    request: pytest.FixtureRequest, ptn_backend: Backend, ptn_scenario: Scenario, tmp_path_factory: pytest.TempPathFactory
+) -> Case:
+    """The (backend, scenario) under test; skipped as not applicable when the backend cannot show the rule."""
+    from pytest_ptn.harness import Case
+
+    skip_if_not_applicable(request.node, ptn_backend)
+    reason = ptn_backend.unsupported(ptn_scenario)
+    if reason:
+        pytest.skip(f"not applicable: {ptn_backend.name} cannot express {ptn_scenario.name}: {reason}")
+    state = request.config.stash[SESSION]
+    return Case(ptn_backend, ptn_scenario, lambda name: tmp_path_factory.mktemp(name), state.lowered, state.inspected)
+
+
+def skip_if_not_applicable(item: pytest.Item, backend: Backend) -> None:
+    for rule in rules_of(item):
+        missing = RULE_NEEDS[rule] - backend.capabilities
+        if missing:
+            names = ", ".join(sorted(c.value for c in missing))
+            pytest.skip(f"not applicable: backend {backend.name} has no {names} capability ({rule})")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A SHOULD rule that fails is reported (as an expected failure naming the rule), not fatal to the run."""
+    outcome: Generator = yield  # type: ignore[assignment]
+    test_report = outcome.get_result()
+    rules = rules_of(item)
+    if test_report.when == "call" and test_report.failed and rules and all(RULES[r].level == "SHOULD" for r in rules):
+        test_report.outcome = "skipped"
+        test_report.wasxfail = f"{report.SHOULD_NOT_MET_PREFIX} {', '.join(rules)} not met"

@@ -1,0 +1,188 @@
+"""Turn a ProgramSpec into real multi-method torch modules, fresh exports and eager expectations.
+
+Every call of ``export`` builds new modules: ExecuTorch's ``to_native`` empties ``ep.constants`` of the
+programs it lowers, so an ExportedProgram is good for one lowering only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from pytest_ptn.spec import SHARED, Constant, Method, ProgramSpec
+
+
+def make_tensor(c: Constant) -> torch.Tensor:
+    """The deterministic value of a constant (its ``values``, else drawn from its ``seed``)."""
+    dtype = getattr(torch, c.dtype)
+    if c.values is not None:
+        return torch.tensor(c.values, dtype=torch.float64).to(dtype).reshape(c.shape)
+    g = torch.Generator().manual_seed(c.seed)
+    if dtype.is_floating_point:
+        return torch.randn(c.shape, generator=g, dtype=torch.float64).to(dtype)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, c.shape, generator=g).to(dtype)
+    return torch.randint(-100, 100, c.shape, generator=g).to(dtype)
+
+
+def weighted_sum(t: torch.Tensor) -> torch.Tensor:
+    """Position-weighted sum: any change of a tensor's bytes, or order, changes it."""
+    flat = t.to(torch.float32).reshape(-1)
+    return (flat * torch.arange(1, flat.numel() + 1, dtype=torch.float32)).sum()
+
+
+def _register(module: nn.Module, c: Constant) -> None:
+    value = make_tensor(c)
+    if c.family == "parameter":
+        module.register_parameter(c.name, nn.Parameter(value, requires_grad=False))
+    elif c.family == "buffer":
+        module.register_buffer(c.name, value, persistent=c.persistent)
+    elif c.family == "attribute":
+        object.__setattr__(module, c.name, value)
+
+
+class SharedConstants(nn.Module):
+    """The root every method module holds as ``shared``: one object, so one FQN and one tensor."""
+
+    def __init__(self, spec: ProgramSpec):
+        super().__init__()
+        for c in spec.shared:
+            _register(self, c)
+
+
+class MethodModule(nn.Module):
+    """One method of the program, as the module that gets exported for it."""
+
+    def __init__(self, spec: ProgramSpec, method: Method, shared: SharedConstants):
+        super().__init__()
+        self.spec_method = method
+        self.shared = shared
+        self._specs = {c.name: c for c in spec.shared} | {c.name: c for c in method.constants}
+        self._private = {c.name for c in method.constants}
+        # Values of literals and scalars are computed here: a tensor made in forward would itself be exported.
+        self._values = {c.name: make_tensor(c).tolist() for c in self._specs.values()}
+        for c in method.constants:
+            _register(self, c)
+        if method.branch is not None:
+            _register(self, method.branch.on_true)
+            _register(self, method.branch.on_false)
+
+    def _tensor(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        c = self._specs[name]
+        if c.family == "literal":
+            return torch.tensor(self._values[name], dtype=getattr(torch, c.dtype))
+        if c.family == "scalar":
+            value = self._values[name]
+            assert isinstance(value, float)
+            return x.sum() + value
+        owner: nn.Module = self if name in self._private else self.shared
+        return getattr(owner, name)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        m = self.spec_method
+        if m.mutates_input:
+            x.add_(1.0)
+        xs = x.sum()
+        for w in m.writes:
+            buf = self._tensor(w.target, x)
+            if w.op == "add":
+                buf.add_(xs.to(buf.dtype))
+            elif w.op == "copy":
+                buf.copy_(xs.expand(buf.shape))
+            else:
+                row = (torch.argmax(x) % buf.shape[0]).reshape(1)
+                buf.index_copy_(0, row, x.reshape(1, -1).to(buf.dtype))
+        terms = [weighted_sum(self._tensor(name, x)) + xs for name in m.reads]
+        if m.branch is not None:
+            true_t = getattr(self, m.branch.on_true.name)
+            false_t = getattr(self, m.branch.on_false.name)
+
+            def on_true(v: torch.Tensor) -> torch.Tensor:
+                return v + true_t
+
+            def on_false(v: torch.Tensor) -> torch.Tensor:
+                return v - false_t
+
+            terms.append(weighted_sum(torch.cond(xs > 0, on_true, on_false, (x,))))
+        if not terms:
+            terms.append(xs)
+        return torch.stack(terms)
+
+
+@dataclass
+class EagerCall:
+    """What eager PyTorch did on one call of the sequence."""
+
+    method: str
+    inputs: tuple[torch.Tensor, ...]
+    outputs: list[torch.Tensor]
+    inputs_after: tuple[torch.Tensor, ...]
+    state_after: dict[str, torch.Tensor]
+
+
+class Program:
+    """A built ProgramSpec: fresh modules and exports on demand, eager results computed once."""
+
+    def __init__(self, spec: ProgramSpec):
+        self.spec = spec
+        self._eager: list[EagerCall] | None = None
+
+    def modules(self) -> dict[str, MethodModule]:
+        shared = SharedConstants(self.spec)
+        return {m.name: MethodModule(self.spec, m, shared).eval() for m in self.spec.methods}
+
+    def example_inputs(self, method: str, call_index: int = 0) -> tuple[torch.Tensor, ...]:
+        shape = self.spec.method(method).input_shape
+        g = torch.Generator().manual_seed(self.spec.seed * 7919 + call_index)
+        return (torch.randn(shape, generator=g),)
+
+    def export(self, methods: Callable[[str], bool] = lambda name: True) -> dict[str, torch.export.ExportedProgram]:
+        """Freshly exported programs, one per method, from new modules that share one root."""
+        out = {}
+        for name, module in self.modules().items():
+            if methods(name):
+                out[name] = torch.export.export(module, self.example_inputs(name), strict=False)
+        return out
+
+    def state_fqns(self) -> dict[str, torch.Tensor]:
+        """Initial value of every buffer some method writes, by the FQN export gives it."""
+        out = {}
+        for owner, name in sorted(self.spec.written()):
+            method = self.spec.method(owner) if owner != SHARED else None
+            c = method.private(name) if method else self.spec.shared_constant(name)
+            assert c is not None
+            out[name if method else f"{SHARED}.{name}"] = make_tensor(c)
+        return out
+
+    def eager(self) -> list[EagerCall]:
+        """The spec's call sequence run eagerly, computed once."""
+        if self._eager is None:
+            self._eager = self.run_eager(self.spec.call_sequence)
+        return self._eager
+
+    def run_eager(self, sequence: tuple[str, ...]) -> list[EagerCall]:
+        """``sequence`` run eagerly on one fresh set of modules, state carried across calls."""
+        modules = self.modules()
+        calls = []
+        with torch.no_grad():
+            for i, name in enumerate(sequence):
+                inputs = self.example_inputs(name, i)
+                given = tuple(t.clone() for t in inputs)
+                out = modules[name](*given)
+                calls.append(EagerCall(name, inputs, [out.clone()], tuple(t.clone() for t in given), _state(modules)))
+        return calls
+
+
+def _state(modules: dict[str, MethodModule]) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for m in modules.values():
+        written = {w.target for w in m.spec_method.writes}
+        for name in written:
+            if m.spec_method.private(name):
+                out[name] = getattr(m, name).clone()
+            else:
+                out[f"{SHARED}.{name}"] = getattr(m.shared, name).clone()
+    return out

@@ -1,0 +1,180 @@
+"""Multi-method programs described as plain data, so scenarios, fuzzers and reproducers share one type.
+
+Nothing here imports torch: the catalogue is read at collection time, before any backend is touched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+SHARED = "shared"
+"""Owner of constants that live on the root module and so keep one FQN (``shared.<name>``) in every method."""
+
+FAMILIES = ("parameter", "buffer", "attribute", "literal", "scalar")
+"""How a constant enters the program, and so which name the toolchain gives it:
+
+- ``parameter``/``buffer``: registered on a module, named by FQN (``w``, ``shared.kv``);
+- ``attribute``: a plain tensor attribute, a ``CONSTANT_TENSOR`` named by attribute (``_tensor_constant0``);
+- ``literal``: ``torch.tensor(...)`` built in ``forward``, minted ``lifted_tensor_<i>`` per method;
+- ``scalar``: a Python float in ``forward``, lifted by ExecuTorch to ``_lifted_tensor_constant<i>``.
+"""
+
+WRITE_OPS = ("add", "copy", "index_copy")
+
+
+@dataclass(frozen=True)
+class Constant:
+    """A tensor a method reads. ``values`` (flattened) wins over ``seed`` when given."""
+
+    name: str
+    family: str = "buffer"
+    dtype: str = "float32"
+    shape: tuple[int, ...] = (4,)
+    seed: int = 0
+    values: tuple[float, ...] | None = None
+    persistent: bool = True
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ValueError(f"constant {self.name!r}: unknown family {self.family!r}, expected one of {FAMILIES}")
+        if self.family == "scalar" and self.shape != ():
+            raise ValueError(f"constant {self.name!r}: a scalar has shape (), not {self.shape}")
+        if self.values is not None and len(self.values) != _numel(self.shape):
+            raise ValueError(f"constant {self.name!r}: {len(self.values)} values for shape {self.shape}")
+
+
+@dataclass(frozen=True)
+class Write:
+    """An in-place update of a buffer: ``add`` adds ``x.sum()``, ``copy`` fills with it, ``index_copy`` writes
+    ``x`` as the row ``argmax(x) % rows`` (a KV-cache update)."""
+
+    target: str
+    op: str = "add"
+
+    def __post_init__(self) -> None:
+        if self.op not in WRITE_OPS:
+            raise ValueError(f"write to {self.target!r}: unknown op {self.op!r}, expected one of {WRITE_OPS}")
+
+
+@dataclass(frozen=True)
+class Branch:
+    """``torch.cond(x.sum() > 0, ...)`` whose branches each add their own constant (tensor attributes of
+    the method's module, so they collide across methods like any other)."""
+
+    on_true: Constant
+    on_false: Constant
+
+
+@dataclass(frozen=True)
+class Method:
+    """One exported entry point. It applies ``writes`` in order, then returns one value per name in
+    ``reads`` (a weighted sum of that tensor plus ``x.sum()``), so a wrong constant shows up at its index."""
+
+    name: str
+    constants: tuple[Constant, ...] = ()
+    reads: tuple[str, ...] = ()
+    writes: tuple[Write, ...] = ()
+    input_shape: tuple[int, ...] = (4,)
+    mutates_input: bool = False
+    branch: Branch | None = None
+
+    def private(self, name: str) -> Constant | None:
+        return next((c for c in self.constants if c.name == name), None)
+
+
+@dataclass(frozen=True)
+class ProgramSpec:
+    """Methods plus the constants they share (owned by the root, see ``SHARED``) and the calls to make."""
+
+    methods: tuple[Method, ...]
+    shared: tuple[Constant, ...] = ()
+    calls: tuple[str, ...] = ()
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        names = [m.name for m in self.methods]
+        if len(set(names)) != len(names):
+            raise ValueError(f"duplicate method names in {names}")
+        shared = {c.name for c in self.shared}
+        for c in self.shared:
+            if c.family in ("literal", "scalar"):
+                raise ValueError(f"shared constant {c.name!r}: a {c.family} lives in one forward, not shared")
+        for m in self.methods:
+            private = {c.name for c in m.constants}
+            if m.branch is not None and {m.branch.on_true.name, m.branch.on_false.name} & private:
+                raise ValueError(f"method {m.name!r}: branch constants need names of their own")
+            for name in (*m.reads, *(w.target for w in m.writes)):
+                if name not in private and name not in shared:
+                    raise ValueError(f"method {m.name!r} uses unknown constant {name!r}")
+            for w in m.writes:
+                c = m.private(w.target) or self.shared_constant(w.target)
+                if c is not None and c.family != "buffer":
+                    raise ValueError(f"method {m.name!r} writes {w.target!r}, a {c.family}, not a buffer")
+        for call in self.calls:
+            if call not in names:
+                raise ValueError(f"call to unknown method {call!r}")
+
+    @property
+    def call_sequence(self) -> tuple[str, ...]:
+        return self.calls or tuple(m.name for m in self.methods)
+
+    def method(self, name: str) -> Method:
+        return next(m for m in self.methods if m.name == name)
+
+    def with_other_values(self, offset: int = 1000) -> ProgramSpec:
+        """The same program (names, shapes, calls) holding other tensors: a second program for S4."""
+
+        def shift(c: Constant) -> Constant:
+            values = None if c.values is None else tuple(v + 0.5 for v in c.values)
+            return replace(c, seed=c.seed + offset, values=values)
+
+        methods = tuple(
+            replace(
+                m,
+                constants=tuple(shift(c) for c in m.constants),
+                branch=None if m.branch is None else Branch(shift(m.branch.on_true), shift(m.branch.on_false)),
+            )
+            for m in self.methods
+        )
+        return replace(self, methods=methods, shared=tuple(shift(c) for c in self.shared), seed=self.seed + offset)
+
+    def shared_constant(self, name: str) -> Constant | None:
+        return next((c for c in self.shared if c.name == name), None)
+
+    def written(self) -> set[tuple[str, str]]:
+        """(owner, name) of every buffer some method writes; owner is ``SHARED`` or a method name."""
+        out = set()
+        for m in self.methods:
+            for w in m.writes:
+                out.add((m.name, w.target) if m.private(w.target) else (SHARED, w.target))
+        return out
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A named catalogue entry: the program, why it exists, and what a correct backend does with it.
+
+    ``rejects`` is the rule a correct lowering raises for (P6/P7/P8), None for valid programs. ``tags`` let a
+    conformance test pick the scenarios that exercise its rule.
+    """
+
+    name: str
+    doc: str
+    spec: ProgramSpec
+    rejects: str | None = None
+    tags: frozenset[str] = field(default_factory=frozenset)
+    needs: frozenset[str] = field(default_factory=frozenset)
+    """Program features a backend must express (``cond``, ``input_mutation``, ...); see Backend.unsupported."""
+    names: tuple[str, ...] = ()
+    """What a rejection's message must mention (X1): the methods and keys at fault."""
+
+    @property
+    def valid(self) -> bool:
+        return self.rejects is None
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
