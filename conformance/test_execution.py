@@ -22,7 +22,9 @@ def _state_mismatches(case: Case, keys: set[str] | None = None) -> list[Mismatch
             if have is None or have.shape != want.shape or not have.to(want.dtype).allclose(want):
                 shown = None if have is None else [round(v, 4) for v in have.reshape(-1).tolist()[:8]]
                 mismatches.append(
-                    Mismatch(i, call.method, f"buffer {key!r} is {shown}, eager {want.reshape(-1).tolist()[:8]}")
+                    Mismatch(
+                        i, call.method, f"buffer {key!r} is {shown}, eager {want.reshape(-1).tolist()[:8]}"
+                    )
                 )
     return mismatches
 

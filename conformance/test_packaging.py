@@ -20,7 +20,9 @@ def test_immutable_constants_live_in_their_method_namespace(ptn_case: Case) -> N
         for key in constants_of(ep):
             final = view.bindings.get(method, {}).get(key)
             if key not in mutable and final != f"{method}/{key}":
-                wrong.append(f"method {method!r} key {key!r} is stored as {final!r}, not {method + '/' + key!r}")
+                wrong.append(
+                    f"method {method!r} key {key!r} is stored as {final!r}, not {method + '/' + key!r}"
+                )
     assert not wrong, "\n".join(wrong)
 
 
@@ -71,7 +73,9 @@ def test_identical_immutable_tensors_are_stored_once(ptn_case: Case) -> None:
         for key, use in constants_of(ep).items():
             final = view.bindings[method][key]
             if not final.startswith("state/"):
-                assert view.read(final).equal(use.tensor), f"{final!r} does not hold method {method!r} key {key!r}"
+                assert view.read(final).equal(use.tensor), (
+                    f"{final!r} does not hold method {method!r} key {key!r}"
+                )
 
 
 @pytest.mark.P5

@@ -56,7 +56,7 @@ class Entry:
 
 @dataclass(frozen=True)
 class Reference:
-    """A place in a package that names a data key: ``where`` says which field (binding, mutation target, ...)."""
+    """A place in a package that names a data key; ``where`` says which field (binding, mutation target)."""
 
     method: str
     where: str

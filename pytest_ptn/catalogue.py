@@ -43,7 +43,9 @@ SCENARIOS: tuple[Scenario, ...] = (
         "prefill scales by 0.125, decode adds 2.0: ExecuTorch lifts both to `_lifted_tensor_constant0`.",
         ProgramSpec(
             methods=(
-                Method("prefill", (Constant("scale", "scalar", shape=(), values=(0.125,)),), reads=("scale",)),
+                Method(
+                    "prefill", (Constant("scale", "scalar", shape=(), values=(0.125,)),), reads=("scale",)
+                ),
                 Method("decode", (Constant("offset", "scalar", shape=(), values=(2.0,)),), reads=("offset",)),
             ),
             calls=("prefill", "decode", "prefill"),
@@ -68,10 +70,16 @@ SCENARIOS: tuple[Scenario, ...] = (
         "than 8 elements, so it is not inlined), same dtype and shape, other bytes.",
         ProgramSpec(
             methods=(
-                Method("encoder", (Constant("_tensor_constant0", "attribute", shape=(16,), seed=1),),
-                       reads=("_tensor_constant0",)),
-                Method("decoder", (Constant("_tensor_constant0", "attribute", shape=(16,), seed=2),),
-                       reads=("_tensor_constant0",)),
+                Method(
+                    "encoder",
+                    (Constant("_tensor_constant0", "attribute", shape=(16,), seed=1),),
+                    reads=("_tensor_constant0",),
+                ),
+                Method(
+                    "decoder",
+                    (Constant("_tensor_constant0", "attribute", shape=(16,), seed=2),),
+                    reads=("_tensor_constant0",),
+                ),
             ),
         ),
         "collision",
@@ -91,7 +99,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     ),
     _s(
         "equal_values_different_names",
-        "`scale_a` in one method and `scale_b` in the other hold equal bytes: stored once, may share storage.",
+        "`scale_a` in one method and `scale_b` in the other hold equal bytes: stored once, shared storage.",
         ProgramSpec(
             methods=(
                 Method("a", (Constant("scale_a", "buffer", shape=(16,), seed=4),), reads=("scale_a",)),
@@ -105,7 +113,9 @@ SCENARIOS: tuple[Scenario, ...] = (
         "A parameter `weight` in each method: same FQN, dtype, shape, strides and device; only bytes differ.",
         ProgramSpec(
             methods=(
-                Method("prefill", (Constant("weight", "parameter", shape=(4, 4), seed=5),), reads=("weight",)),
+                Method(
+                    "prefill", (Constant("weight", "parameter", shape=(4, 4), seed=5),), reads=("weight",)
+                ),
                 Method("decode", (Constant("weight", "parameter", shape=(4, 4), seed=6),), reads=("weight",)),
             ),
         ),
@@ -113,7 +123,8 @@ SCENARIOS: tuple[Scenario, ...] = (
     ),
     _s(
         "total_collision",
-        "Every constant name of `decode` is already used by `prefill`: `weight` and `_tensor_constant0` differ, "
+        "Every constant name of `decode` is already used by `prefill`: `weight` and `_tensor_constant0` "
+        "differ, "
         "`bias` is equal. A loader that skips its check when all names are cached reads prefill's data.",
         ProgramSpec(
             methods=(
@@ -176,7 +187,9 @@ SCENARIOS: tuple[Scenario, ...] = (
         ProgramSpec(
             methods=(
                 Method("prefill", reads=("positions",)),
-                Method("decode", (Constant("t", "literal", values=_vals(3, 1, 4, 1)),), reads=("positions", "t")),
+                Method(
+                    "decode", (Constant("t", "literal", values=_vals(3, 1, 4, 1)),), reads=("positions", "t")
+                ),
             ),
             shared=(Constant("positions", "buffer", shape=(8,), values=_arange(8), persistent=False),),
         ),
@@ -188,10 +201,18 @@ SCENARIOS: tuple[Scenario, ...] = (
         "touch it.",
         ProgramSpec(
             methods=(
-                Method("a", (Constant("a_state", "buffer", shape=(4,), values=(0.0,) * 4),),
-                       writes=(Write("a_state", "add"),), reads=("a_state",)),
-                Method("b", (Constant("b_state", "buffer", shape=(4,), values=(0.0,) * 4),),
-                       writes=(Write("b_state", "add"),), reads=("b_state",)),
+                Method(
+                    "a",
+                    (Constant("a_state", "buffer", shape=(4,), values=(0.0,) * 4),),
+                    writes=(Write("a_state", "add"),),
+                    reads=("a_state",),
+                ),
+                Method(
+                    "b",
+                    (Constant("b_state", "buffer", shape=(4,), values=(0.0,) * 4),),
+                    writes=(Write("b_state", "add"),),
+                    reads=("b_state",),
+                ),
             ),
             calls=("a", "b", "a", "b", "b", "a"),
         ),
@@ -205,8 +226,11 @@ SCENARIOS: tuple[Scenario, ...] = (
         ProgramSpec(
             methods=(
                 Method("count", writes=(Write("counter", "add"),), reads=("counter",)),
-                Method("read", (Constant("zeros", "buffer", shape=(4,), values=(0.0,) * 4),),
-                       reads=("zeros", "counter")),
+                Method(
+                    "read",
+                    (Constant("zeros", "buffer", shape=(4,), values=(0.0,) * 4),),
+                    reads=("zeros", "counter"),
+                ),
             ),
             shared=(Constant("counter", "buffer", shape=(4,), values=(0.0,) * 4),),
             calls=("count", "read", "count", "read"),
@@ -220,10 +244,18 @@ SCENARIOS: tuple[Scenario, ...] = (
         "Both methods mutate a buffer `cache` but start it from different values: rejected (P7).",
         ProgramSpec(
             methods=(
-                Method("prefill", (Constant("cache", "buffer", shape=(4,), values=(0.0,) * 4),),
-                       writes=(Write("cache", "add"),), reads=("cache",)),
-                Method("decode", (Constant("cache", "buffer", shape=(4,), values=(1.0,) * 4),),
-                       writes=(Write("cache", "add"),), reads=("cache",)),
+                Method(
+                    "prefill",
+                    (Constant("cache", "buffer", shape=(4,), values=(0.0,) * 4),),
+                    writes=(Write("cache", "add"),),
+                    reads=("cache",),
+                ),
+                Method(
+                    "decode",
+                    (Constant("cache", "buffer", shape=(4,), values=(1.0,) * 4),),
+                    writes=(Write("cache", "add"),),
+                    reads=("cache",),
+                ),
             ),
         ),
         rejects="P7",
@@ -247,7 +279,9 @@ SCENARIOS: tuple[Scenario, ...] = (
         "rejected (P8).",
         ProgramSpec(
             methods=(
-                Method("enc", (Constant("attn/scale", "buffer", shape=(4,), seed=14),), reads=("attn/scale",)),
+                Method(
+                    "enc", (Constant("attn/scale", "buffer", shape=(4,), seed=14),), reads=("attn/scale",)
+                ),
                 Method("enc/attn", (Constant("scale", "buffer", shape=(4,), seed=15),), reads=("scale",)),
             ),
         ),
@@ -261,7 +295,10 @@ SCENARIOS: tuple[Scenario, ...] = (
             methods=(
                 Method(
                     "forward",
-                    (Constant("w", "parameter", shape=(4, 4), seed=16), Constant("t", "literal", values=_vals(9, 8, 7, 6))),
+                    (
+                        Constant("w", "parameter", shape=(4, 4), seed=16),
+                        Constant("t", "literal", values=_vals(9, 8, 7, 6)),
+                    ),
                     reads=("w", "t"),
                 ),
             ),
@@ -272,8 +309,12 @@ SCENARIOS: tuple[Scenario, ...] = (
         "`step` adds 1 to its input in place before reading a constant: the caller sees the mutation.",
         ProgramSpec(
             methods=(
-                Method("step", (Constant("t", "literal", values=_vals(1, 2, 3, 4)),), reads=("t",),
-                       mutates_input=True),
+                Method(
+                    "step",
+                    (Constant("t", "literal", values=_vals(1, 2, 3, 4)),),
+                    reads=("t",),
+                    mutates_input=True,
+                ),
                 Method("other", (Constant("t", "literal", values=_vals(4, 3, 2, 1)),), reads=("t",)),
             ),
         ),
@@ -285,8 +326,18 @@ SCENARIOS: tuple[Scenario, ...] = (
         "`torch.cond` whose branches each add their own constant tensor, named alike in both methods.",
         ProgramSpec(
             methods=(
-                Method("prefill", branch=Branch(_attr("_tensor_constant0", 1, 2, 3, 4), _attr("_tensor_constant1", 4, 3, 2, 1))),
-                Method("decode", branch=Branch(_attr("_tensor_constant0", 10, 20, 30, 40), _attr("_tensor_constant1", 9, 8, 7, 6))),
+                Method(
+                    "prefill",
+                    branch=Branch(
+                        _attr("_tensor_constant0", 1, 2, 3, 4), _attr("_tensor_constant1", 4, 3, 2, 1)
+                    ),
+                ),
+                Method(
+                    "decode",
+                    branch=Branch(
+                        _attr("_tensor_constant0", 10, 20, 30, 40), _attr("_tensor_constant1", 9, 8, 7, 6)
+                    ),
+                ),
             ),
             calls=("prefill", "decode", "prefill", "decode"),
         ),

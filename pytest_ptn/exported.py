@@ -58,7 +58,9 @@ def signature(ep: ExportedProgram, finals: dict[str, str]) -> dict[str, list[dic
     return {"inputs": inputs, "outputs": outputs}
 
 
-def immutable_by_content(programs: dict[str, ExportedProgram]) -> dict[tuple[str, str], list[tuple[str, str]]]:
+def immutable_by_content(
+    programs: dict[str, ExportedProgram],
+) -> dict[tuple[str, str], list[tuple[str, str]]]:
     """(dtype and shape, sha256 of bytes) -> the (method, key) pairs holding that immutable tensor."""
     mutable = mutable_keys(programs)
     groups: dict[tuple[str, str], list[tuple[str, str]]] = {}

@@ -20,7 +20,9 @@ if TYPE_CHECKING:
     from pytest_ptn.spec import Scenario
 
 
-def functionalize(programs: dict[str, torch.export.ExportedProgram]) -> dict[str, torch.export.ExportedProgram]:
+def functionalize(
+    programs: dict[str, torch.export.ExportedProgram],
+) -> dict[str, torch.export.ExportedProgram]:
     """Core-ATen functional programs: mutations become outputs listed in the graph signature."""
     import warnings
 
@@ -103,16 +105,22 @@ class Case:
             given = [t.clone() for t in call.inputs]
             got = loaded.run(call.method, given)
             if len(got) != len(call.outputs):
-                mismatches.append(Mismatch(i, call.method, f"{len(got)} outputs, eager gives {len(call.outputs)}"))
+                mismatches.append(
+                    Mismatch(i, call.method, f"{len(got)} outputs, eager gives {len(call.outputs)}")
+                )
                 continue
             names = self.read_names(call.method)
-            for want, have in zip(call.outputs, got):
-                if have.shape != want.shape or not torch.allclose(have.to(want.dtype), want, rtol=1e-5, atol=1e-5):
+            for want, have in zip(call.outputs, got, strict=True):
+                if have.shape != want.shape or not torch.allclose(
+                    have.to(want.dtype), want, rtol=1e-5, atol=1e-5
+                ):
                     mismatches.append(Mismatch(i, call.method, _describe(names, want, have)))
-            for j, (want, have) in enumerate(zip(call.inputs_after, given)):
+            for j, (want, have) in enumerate(zip(call.inputs_after, given, strict=True)):
                 if not torch.allclose(have, want, rtol=1e-5, atol=1e-5):
                     mismatches.append(
-                        Mismatch(i, call.method, f"input {j} after the call is {_fmt(have)}, eager {_fmt(want)}")
+                        Mismatch(
+                            i, call.method, f"input {j} after the call is {_fmt(have)}, eager {_fmt(want)}"
+                        )
                     )
         return mismatches
 

@@ -80,7 +80,7 @@ class ReferenceLoaded(Loaded):
         with torch.no_grad():
             outs = self._graphs[method](*args)
         results = []
-        for item, value in zip(sig["outputs"], outs):
+        for item, value in zip(sig["outputs"], outs, strict=True):
             if item["kind"] == "state":
                 self._state_tensor(method, item["final"]).copy_(value)
             elif item["kind"] == "input":

@@ -90,7 +90,9 @@ def view(package: Package) -> PackageView:
         name: Entry(str(t.dtype).removeprefix("torch."), tuple(t.shape), t.numel() * t.element_size())
         for name, t in package.tensors.items()
     }
-    return PackageView(bindings, references, entries, dict(package.aliases), set(package.state_keys), package.tensor)
+    return PackageView(
+        bindings, references, entries, dict(package.aliases), set(package.state_keys), package.tensor
+    )
 
 
 def _json(obj: object) -> bytes:

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import importlib.util
 import shlex
-from collections.abc import Generator, Iterator
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from _pytest.reports import TestReport
 
-from pytest_ptn import catalogue, report
+from pytest_ptn import catalogue, expectations, report
 from pytest_ptn.backend import Availability, Backend, BackendNotFound, Capability, resolve_backend
 from pytest_ptn.ruleset import RULES, SPEC_VERSION
 
@@ -46,8 +47,19 @@ class Session:
     classes: dict[str, type[Backend]] = field(default_factory=dict)
     availability: dict[str, Availability] = field(default_factory=dict)
     instances: dict[str, Backend] = field(default_factory=dict)
+    expectation_files: list[expectations.ExpectationFile] = field(default_factory=list)
     lowered: dict[tuple[str, str], object] = field(default_factory=dict)
     inspected: dict[str, dict] = field(default_factory=dict)
+
+    def expected(self, spec: str, rules: list[str], scenario: str | None) -> list[expectations.Expectation]:
+        cls, versions = self.classes[spec], self.availability[spec].versions
+        return [
+            e
+            for f in self.expectation_files
+            if f.applies_to(cls.name, versions)
+            for e in f.entries
+            if e.matches(cls.name, rules, scenario)
+        ]
 
     def backend(self, spec: str) -> Backend:
         if spec not in self.instances:
@@ -69,12 +81,25 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "module:Class; repeatable. Giving one also collects the installed suite when no paths are given.",
     )
     parser.addini("ptn_backends", type="linelist", help="backends to run when --ptn-backend is not given")
+    group.addoption(
+        "--ptn-expectations",
+        action="append",
+        metavar="PATH",
+        help="files of known backend failures, used instead of the ones shipped with the suite",
+    )
+    group.addoption(
+        "--ptn-no-expectations",
+        action="store_true",
+        help="ignore known-failure expectations: every backend failure fails the run",
+    )
     report.add_options(group)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     for rule in RULES.values():
-        config.addinivalue_line("markers", f"{rule.id}: conformance rule {rule.id} ({rule.level}): {rule.title}")
+        config.addinivalue_line(
+            "markers", f"{rule.id}: conformance rule {rule.id} ({rule.level}): {rule.title}"
+        )
     config.addinivalue_line(
         "markers", "ptn_scenarios(tag): run this conformance test on every catalogue scenario with this tag"
     )
@@ -97,10 +122,17 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(
                 f"--ptn-backend={spec} is unavailable on this machine: {state.availability[spec].reason}"
             )
-    if state.explicit and config.args_source != pytest.Config.ArgsSource.ARGS:
-        suite = suite_path()
-        if suite is not None and str(suite) not in config.args:
-            config.args.append(str(suite))
+    suite = suite_path()
+    if not config.getoption("ptn_no_expectations"):
+        given = config.getoption("ptn_expectations")
+        paths = [Path(p) for p in given] if given else expectations.shipped(suite)
+        try:
+            state.expectation_files = [expectations.read(p) for p in paths]
+        except expectations.ExpectationsError as e:
+            raise pytest.UsageError(f"--ptn-expectations: {e}") from e
+    from_args = config.args_source == pytest.Config.ArgsSource.ARGS
+    if state.explicit and not from_args and suite is not None and str(suite) not in config.args:
+        config.args.append(str(suite))
 
 
 def suite_path() -> Path | None:
@@ -121,6 +153,10 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         versions = ", ".join(f"{k} {v}" for k, v in a.versions.items())
         status = f"available ({versions})" if a.available else f"UNAVAILABLE: {a.reason}"
         lines.append(f"ptn backend {spec}: {status}")
+        cls = state.classes[spec]
+        for f in state.expectation_files:
+            if f.applies_to(cls.name, a.versions):
+                lines.append(f"ptn expectations for {cls.name}: {f.path} ({len(f.entries)} known failures)")
     return lines
 
 
@@ -163,6 +199,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.user_properties.append(("ptn_repro", repro))
         if scenario is not None:
             item.user_properties.append(("ptn_scenario", scenario))
+        if backend is not None:
+            for e in config.stash[SESSION].expected(backend, rules, scenario):
+                item.add_marker(pytest.mark.xfail(strict=True, reason=e.describe()))
 
 
 @pytest.fixture(scope="session")
@@ -178,7 +217,10 @@ def ptn_scenario(request: pytest.FixtureRequest) -> Scenario:
 
 @pytest.fixture
 def ptn_case(
-    request: pytest.FixtureRequest, ptn_backend: Backend, ptn_scenario: Scenario, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest,
+    ptn_backend: Backend,
+    ptn_scenario: Scenario,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Case:
     """The (backend, scenario) under test; skipped as not applicable when the backend cannot show the rule."""
     from pytest_ptn.harness import Case
@@ -188,7 +230,9 @@ def ptn_case(
     if reason:
         pytest.skip(f"not applicable: {ptn_backend.name} cannot express {ptn_scenario.name}: {reason}")
     state = request.config.stash[SESSION]
-    return Case(ptn_backend, ptn_scenario, lambda name: tmp_path_factory.mktemp(name), state.lowered, state.inspected)
+    return Case(
+        ptn_backend, ptn_scenario, lambda name: tmp_path_factory.mktemp(name), state.lowered, state.inspected
+    )
 
 
 def skip_if_not_applicable(item: pytest.Item, backend: Backend) -> None:
@@ -199,12 +243,15 @@ def skip_if_not_applicable(item: pytest.Item, backend: Backend) -> None:
             pytest.skip(f"not applicable: backend {backend.name} has no {names} capability ({rule})")
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, TestReport, TestReport]:
     """A SHOULD rule that fails is reported (as an expected failure naming the rule), not fatal to the run."""
-    outcome: Generator = yield  # type: ignore[assignment]
-    test_report = outcome.get_result()
+    test_report = yield
     rules = rules_of(item)
-    if test_report.when == "call" and test_report.failed and rules and all(RULES[r].level == "SHOULD" for r in rules):
+    should_only = bool(rules) and all(RULES[r].level == "SHOULD" for r in rules)
+    if test_report.when == "call" and test_report.failed and should_only:
         test_report.outcome = "skipped"
         test_report.wasxfail = f"{report.SHOULD_NOT_MET_PREFIX} {', '.join(rules)} not met"
+    return test_report

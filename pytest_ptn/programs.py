@@ -139,7 +139,9 @@ class Program:
         g = torch.Generator().manual_seed(self.spec.seed * 7919 + call_index)
         return (torch.randn(shape, generator=g),)
 
-    def export(self, methods: Callable[[str], bool] = lambda name: True) -> dict[str, torch.export.ExportedProgram]:
+    def export(
+        self, methods: Callable[[str], bool] = lambda name: True
+    ) -> dict[str, torch.export.ExportedProgram]:
         """Freshly exported programs, one per method, from new modules that share one root."""
         out = {}
         for name, module in self.modules().items():
@@ -172,7 +174,9 @@ class Program:
                 inputs = self.example_inputs(name, i)
                 given = tuple(t.clone() for t in inputs)
                 out = modules[name](*given)
-                calls.append(EagerCall(name, inputs, [out.clone()], tuple(t.clone() for t in given), _state(modules)))
+                calls.append(
+                    EagerCall(name, inputs, [out.clone()], tuple(t.clone() for t in given), _state(modules))
+                )
         return calls
 
 

@@ -63,12 +63,14 @@ class ContentKey:
 def tensor_bytes(t: torch.Tensor) -> memoryview:
     """The tensor's bytes in logical (row-major) order, read from host memory without a device copy."""
     flat = t.detach().contiguous().reshape(-1)
-    return memoryview(flat.view(torch.uint8).numpy()) if flat.numel() else memoryview(b"")
+    return flat.view(torch.uint8).numpy().data if flat.numel() else memoryview(b"")
 
 
 def digest(t: torch.Tensor) -> str:
     if t.device.type != "cpu":
-        raise ValueError("digest a constant from its host bytes; reading it back from the device is what S6 forbids")
+        raise ValueError(
+            "digest a constant from its host bytes; reading it back from the device is what S6 forbids"
+        )
     return hashlib.sha256(tensor_bytes(t)).hexdigest()
 
 

@@ -36,7 +36,9 @@ class Constant:
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
-            raise ValueError(f"constant {self.name!r}: unknown family {self.family!r}, expected one of {FAMILIES}")
+            raise ValueError(
+                f"constant {self.name!r}: unknown family {self.family!r}, expected one of {FAMILIES}"
+            )
         if self.family == "scalar" and self.shape != ():
             raise ValueError(f"constant {self.name!r}: a scalar has shape (), not {self.shape}")
         if self.values is not None and len(self.values) != _numel(self.shape):
@@ -107,9 +109,10 @@ class ProgramSpec:
                 if name not in private and name not in shared:
                     raise ValueError(f"method {m.name!r} uses unknown constant {name!r}")
             for w in m.writes:
-                c = m.private(w.target) or self.shared_constant(w.target)
-                if c is not None and c.family != "buffer":
-                    raise ValueError(f"method {m.name!r} writes {w.target!r}, a {c.family}, not a buffer")
+                target = m.private(w.target) or self.shared_constant(w.target)
+                if target is not None and target.family != "buffer":
+                    msg = f"method {m.name!r} writes {w.target!r}, a {target.family}, not a buffer"
+                    raise ValueError(msg)
         for call in self.calls:
             if call not in names:
                 raise ValueError(f"call to unknown method {call!r}")
@@ -132,11 +135,15 @@ class ProgramSpec:
             replace(
                 m,
                 constants=tuple(shift(c) for c in m.constants),
-                branch=None if m.branch is None else Branch(shift(m.branch.on_true), shift(m.branch.on_false)),
+                branch=None
+                if m.branch is None
+                else Branch(shift(m.branch.on_true), shift(m.branch.on_false)),
             )
             for m in self.methods
         )
-        return replace(self, methods=methods, shared=tuple(shift(c) for c in self.shared), seed=self.seed + offset)
+        return replace(
+            self, methods=methods, shared=tuple(shift(c) for c in self.shared), seed=self.seed + offset
+        )
 
     def shared_constant(self, name: str) -> Constant | None:
         return next((c for c in self.shared if c.name == name), None)
@@ -164,7 +171,7 @@ class Scenario:
     rejects: str | None = None
     tags: frozenset[str] = field(default_factory=frozenset)
     needs: frozenset[str] = field(default_factory=frozenset)
-    """Program features a backend must express (``cond``, ``input_mutation``, ...); see Backend.unsupported."""
+    """Program features a backend must express (``cond``, ``input_mutation``); see Backend.unsupported."""
     names: tuple[str, ...] = ()
     """What a rejection's message must mention (X1): the methods and keys at fault."""
 

@@ -33,7 +33,7 @@ class ReferenceBackend(Backend):
     def cache(self) -> SharingCache:
         """One cache per backend instance, shared by every program it loads (so S4 means something)."""
         if self._cache is None:
-            from pytest_ptn.rules import ConstantUse, PackagePlan, SharingCache
+            from pytest_ptn.rules import SharingCache
 
             self._cache = SharingCache()
         return self._cache
@@ -43,9 +43,7 @@ class ReferenceBackend(Backend):
         missing = [m for m in ("torch", "safetensors") if importlib.util.find_spec(m) is None]
         if missing:
             return Availability(False, f"missing {', '.join(missing)}")
-        return Availability(
-            True, versions={d: package_version(d) or "?" for d in ("torch", "safetensors")}
-        )
+        return Availability(True, versions={d: package_version(d) or "?" for d in ("torch", "safetensors")})
 
     def lower(self, programs: dict[str, ExportedProgram], workdir: Path) -> ReferenceLowered:
         from pytest_ptn.exported import constants_of, signature

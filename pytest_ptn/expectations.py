@@ -1,0 +1,108 @@
+"""Known failures of real backends (upstream bugs) as data, turned into strict expected failures.
+
+One TOML file per backend (and version range) in ``conformance/expectations/``:
+
+    backend = "native"
+    requires = { executorch = ">=1.5,<1.6" }
+    [[xfail]]
+    rule = "E1"
+    scenario = "colliding_literals"     # or "*"
+    reason = "to_native rejects ..."
+    link = "https://github.com/pytorch/executorch/pull/23891"
+
+A listed failure that passes fails the run (strict xfail), so the data cannot go stale silently.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from pytest_ptn.catalogue import BY_NAME
+from pytest_ptn.ruleset import RULES
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+
+class ExpectationsError(ValueError):
+    """A malformed expectations file; the message names the file and the entry."""
+
+
+@dataclass(frozen=True)
+class Expectation:
+    backend: str
+    rule: str
+    scenario: str
+    reason: str
+    link: str
+    source: Path
+
+    def matches(self, backend: str, rules: list[str], scenario: str | None) -> bool:
+        return self.backend == backend and self.rule in rules and self.scenario in ("*", scenario)
+
+    def describe(self) -> str:
+        return (
+            f"known failure of {self.backend} on {self.rule}: {self.reason} ({self.link}); "
+            f"if this passes, the expectation is stale: remove it from {self.source}"
+        )
+
+
+@dataclass(frozen=True)
+class ExpectationFile:
+    path: Path
+    backend: str
+    requires: dict[str, SpecifierSet]
+    entries: tuple[Expectation, ...]
+
+    def applies_to(self, backend: str, versions: dict[str, str]) -> bool:
+        if backend != self.backend:
+            return False
+        for dist, spec in self.requires.items():
+            installed = versions.get(dist)
+            try:
+                if installed is None or Version(installed) not in spec:
+                    return False
+            except InvalidVersion:
+                return False
+        return True
+
+
+def read(path: Path) -> ExpectationFile:
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ExpectationsError(f"{path}: {e}") from e
+    backend = data.get("backend")
+    if not isinstance(backend, str):
+        raise ExpectationsError(f"{path}: 'backend' must name the backend the file is about")
+    requires: dict[str, SpecifierSet] = {}
+    for dist, spec in dict(data.get("requires", {})).items():
+        try:
+            requires[dist] = SpecifierSet(spec)
+        except (InvalidSpecifier, TypeError) as e:
+            raise ExpectationsError(f"{path}: requires.{dist}: {e}") from e
+    entries = []
+    for i, raw in enumerate(data.get("xfail", [])):
+        where = f"{path}: xfail #{i + 1}"
+        missing = [k for k in ("rule", "scenario", "reason", "link") if not raw.get(k)]
+        if missing:
+            raise ExpectationsError(f"{where}: missing {', '.join(missing)}")
+        if raw["rule"] not in RULES:
+            raise ExpectationsError(f"{where}: unknown rule {raw['rule']!r}")
+        if raw["scenario"] != "*" and raw["scenario"] not in BY_NAME:
+            raise ExpectationsError(f"{where}: unknown scenario {raw['scenario']!r}")
+        entries.append(Expectation(backend, raw["rule"], raw["scenario"], raw["reason"], raw["link"], path))
+    return ExpectationFile(path, backend, requires, tuple(entries))
+
+
+def shipped(suite: Path | None) -> list[Path]:
+    """The expectation files shipped with the conformance suite."""
+    folder = suite / "expectations" if suite is not None else None
+    return sorted(folder.glob("*.toml")) if folder is not None and folder.is_dir() else []

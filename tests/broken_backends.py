@@ -1,0 +1,440 @@
+"""Deliberately broken variants of the reference backend, one per rule: the suite must catch each.
+
+Every variant breaks its rule the way a real lowering or loader does (the upstream behaviour cited), and
+only that rule as far as possible. ``BROKEN`` maps rule id -> variant; tests/test_broken_variants.py runs
+the rule's tests against it and expects them to fail.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from pytest_ptn import rules
+from pytest_ptn.backend import Lowered
+from pytest_ptn.backends.reference import ReferenceBackend
+from pytest_ptn.loader import ReferenceLoaded, ReferenceLowered
+from pytest_ptn.package import read_package
+from pytest_ptn.rules import ConstantUse, PackagePlan
+
+Uses = Mapping[str, Mapping[str, ConstantUse]]
+
+
+def _rename(plan: PackagePlan, rename) -> PackagePlan:
+    """Apply ``rename(final) -> final`` to every name of a plan; later entries overwrite earlier ones."""
+    entries = {rename(k): t for k, t in plan.entries.items()}
+    aliases = {rename(a): rename(o) for a, o in plan.aliases.items() if rename(a) != rename(o)}
+    for alias in aliases:
+        entries.pop(alias, None)
+    bindings = {m: {k: rename(f) for k, f in b.items()} for m, b in plan.bindings.items()}
+    return PackagePlan(bindings, entries, aliases, frozenset(rename(k) for k in plan.state_keys))
+
+
+class NotNamespaced(ReferenceBackend):
+    """P1: immutable constants keep their pre-namespace key (executorch 1.5.1 to_native)."""
+
+    name = "broken-p1"
+
+    def plan(self, methods: Uses) -> PackagePlan:
+        plan = rules.plan_package(methods)
+        return _rename(plan, lambda f: f if f.startswith("state/") else f.split("/", 1)[1])
+
+
+class StatePerMethod(ReferenceBackend):
+    """P2: a mutated key is stored once per method instead of once as ``state/k``."""
+
+    name = "broken-p2"
+
+    def plan(self, methods: Uses) -> PackagePlan:
+        renamed = {m: {f"{m}@{k}": u for k, u in uses.items()} for m, uses in methods.items()}
+        plan = rules.plan_package(renamed)
+        bindings = {m: {k.split("@", 1)[1]: f for k, f in b.items()} for m, b in plan.bindings.items()}
+        return dataclasses.replace(plan, bindings=bindings)
+
+
+class OrphanEntry(ReferenceBackend):
+    """P3: the package keeps a data entry that nothing references (a leftover pre-namespace copy)."""
+
+    name = "broken-p3"
+
+    def plan(self, methods: Uses) -> PackagePlan:
+        plan = rules.plan_package(methods)
+        method, uses = next(iter(methods.items()))
+        key, use = next(iter(uses.items()), ("x", ConstantUse(torch.zeros(1))))
+        plan.entries[key] = use.tensor.clone()
+        return plan
+
+
+class NoDedupe(ReferenceBackend):
+    """P4: byte-identical immutable tensors are each stored in full."""
+
+    name = "broken-p4"
+
+    def plan(self, methods: Uses) -> PackagePlan:
+        plan = rules.plan_package(methods)
+        owners = {**plan.entries}
+        for alias, owner in plan.aliases.items():
+            owners[alias] = plan.entries[owner].clone()
+        return dataclasses.replace(plan, entries=owners, aliases={})
+
+
+class StateDeduped(ReferenceBackend):
+    """P5: a state entry equal in bytes to an immutable one is aliased to it."""
+
+    name = "broken-p5"
+
+    def plan(self, methods: Uses) -> PackagePlan:
+        plan = rules.plan_package(methods)
+        for s in sorted(plan.state_keys):
+            for owner, t in list(plan.entries.items()):
+                if owner not in plan.state_keys and rules.same_content(t, plan.entries[s]):
+                    plan.aliases[s] = owner
+                    del plan.entries[s]
+                    break
+        return plan
+
+
+class StateMethodAllowed(ReferenceBackend):
+    """P6: a method named ``state`` is accepted (its constants land in the state namespace)."""
+
+    name = "broken-p6"
+
+    def plan(self, methods: Uses) -> PackagePlan:
+        renamed = {("state-method" if m == "state" else m): u for m, u in methods.items()}
+        plan = rules.plan_package(renamed)
+        plan.bindings = {("state" if m == "state-method" else m): b for m, b in plan.bindings.items()}
+        return plan
+
+
+class FirstStateWins(ReferenceBackend):
+    """P7: conflicting initial values of a mutable key are not checked; the first method's win (pte F10)."""
+
+    name = "broken-p7"
+
+    def plan(self, methods: Uses) -> PackagePlan:
+        first: dict[str, ConstantUse] = {}
+        for uses in methods.values():
+            for k, u in uses.items():
+                if u.mutable:
+                    first.setdefault(k, u)
+        return rules.plan_package(
+            {m: {k: first.get(k, u) for k, u in uses.items()} for m, uses in methods.items()}
+        )
+
+
+class LastNameWins(ReferenceBackend):
+    """P8: two pairs with one final name are not detected; the later one overwrites the earlier."""
+
+    name = "broken-p8"
+
+    def plan(self, methods: Uses) -> PackagePlan:
+        tags = {m: f"#{i}" for i, m in enumerate(methods)}
+        plan = rules.plan_package({tags[m]: u for m, u in methods.items()})
+        names = {t: m for m, t in tags.items()}
+
+        def rename(final: str) -> str:
+            head, _, rest = final.partition("/")
+            return f"{names[head]}/{rest}" if head in names else final
+
+        plan = _rename(plan, rename)
+        plan.bindings = {names[t]: b for t, b in plan.bindings.items()}
+        return plan
+
+
+class Nondeterministic(ReferenceBackend):
+    """P9: each lowering stamps the package with the time it was written."""
+
+    name = "broken-p9"
+
+    def lower(self, programs, workdir: Path) -> Lowered:
+        lowered = super().lower(programs, workdir)
+        with open(lowered.path, "ab") as f:
+            f.write(str(time.time_ns()).encode())
+        return lowered
+
+
+class _KeyedByNameLoaded(ReferenceLoaded):
+    """Binds constants program-wide by the key the method uses: the first method to load a key wins."""
+
+    def _bind(self, method: str, key: str, final: str) -> torch.Tensor:
+        by_key = self.__dict__.setdefault("_by_key", {})
+        if key not in by_key:
+            by_key[key] = super()._bind(method, key, final)
+        return by_key[key]
+
+
+class BindsByKey(ReferenceBackend):
+    """E1: the loader resolves constants by their pre-namespace key, so methods read each other's tensors."""
+
+    name = "broken-e1"
+
+    def load(self, lowered: Lowered) -> ReferenceLoaded:
+        assert isinstance(lowered, ReferenceLowered)
+        return _KeyedByNameLoaded(read_package(lowered.path), lowered.graphs, self.cache)
+
+
+class RejectsCollisions(ReferenceBackend):
+    """E2: lowering refuses same-name constants with different bytes (executorch 1.5.1 to_native)."""
+
+    name = "broken-e2"
+
+    def plan(self, methods: Uses) -> PackagePlan:
+        seen: dict[str, tuple[str, torch.Tensor]] = {}
+        for m, uses in methods.items():
+            for k, u in uses.items():
+                first = seen.setdefault(k, (m, u.tensor))
+                if not rules.same_content(first[1], u.tensor):
+                    raise ValueError(f"constant {k!r} differs between methods {first[0]!r} and {m!r}")
+        return rules.plan_package(methods)
+
+
+class _StatePerMethodLoaded(ReferenceLoaded):
+    def _state_tensor(self, method: str, final: str) -> torch.Tensor:
+        copies = self.__dict__.setdefault("_copies", {})
+        return copies.setdefault((method, final), self._state[final].clone())
+
+
+class StateCopiedPerMethod(ReferenceBackend):
+    """E3: every method gets its own copy of shared state (the legacy ExecuTorch Module API)."""
+
+    name = "broken-e3"
+
+    def load(self, lowered: Lowered) -> ReferenceLoaded:
+        assert isinstance(lowered, ReferenceLowered)
+        return _StatePerMethodLoaded(read_package(lowered.path), lowered.graphs, self.cache)
+
+
+class _ArenaLoaded(ReferenceLoaded):
+    def _initial_state(self) -> dict[str, torch.Tensor]:
+        arena: dict[tuple, torch.Tensor] = {}
+        state = super()._initial_state()
+        return {k: arena.setdefault((t.dtype, tuple(t.shape)), t) for k, t in state.items()}
+
+
+class SharedArena(ReferenceBackend):
+    """E4: state buffers of one shape share one arena slot (executorch Runtime.load_program, pte F8)."""
+
+    name = "broken-e4"
+
+    def load(self, lowered: Lowered) -> ReferenceLoaded:
+        assert isinstance(lowered, ReferenceLowered)
+        return _ArenaLoaded(read_package(lowered.path), lowered.graphs, self.cache)
+
+
+class _ZeroStateLoaded(ReferenceLoaded):
+    def _initial_state(self) -> dict[str, torch.Tensor]:
+        return {k: torch.zeros_like(t) for k, t in super()._initial_state().items()}
+
+
+class ZeroInitState(ReferenceBackend):
+    """E5: buffers start zero-filled instead of from their eager values (to_native non-persistent buffers)."""
+
+    name = "broken-e5"
+
+    def load(self, lowered: Lowered) -> ReferenceLoaded:
+        assert isinstance(lowered, ReferenceLowered)
+        return _ZeroStateLoaded(read_package(lowered.path), lowered.graphs, self.cache)
+
+
+class _Loader(ReferenceBackend):
+    """A reference backend whose loader shares through ``make_cache()`` instead of a SharingCache."""
+
+    def make_cache(self):
+        raise NotImplementedError
+
+    def load(self, lowered: Lowered) -> ReferenceLoaded:
+        assert isinstance(lowered, ReferenceLowered)
+        if "_broken_cache" not in self.__dict__:
+            self._broken_cache = self.make_cache()
+        return ReferenceLoaded(read_package(lowered.path), lowered.graphs, self._broken_cache)
+
+
+class _NoCache:
+    def share(self, host, materialize):
+        return materialize(host)
+
+
+class NoSharing(_Loader):
+    """S1: every method materializes its own copy of an identical constant."""
+
+    name = "broken-s1"
+
+    def make_cache(self):
+        return _NoCache()
+
+
+class _MetadataCache:
+    """Keyed by metadata only, as the CUDA delegate compares (executorch PR #21959)."""
+
+    def __init__(self):
+        self._tensors = {}
+
+    def share(self, host, materialize):
+        key = (host.dtype, tuple(host.shape), tuple(host.stride()))
+        if key not in self._tensors:
+            self._tensors[key] = materialize(host)
+        return self._tensors[key]
+
+
+class MetadataOnly(_Loader):
+    """S2: constants that agree on dtype, shape and strides are shared whatever their bytes."""
+
+    name = "broken-s2"
+
+    def make_cache(self):
+        return _MetadataCache()
+
+
+class _TrustsNamesLoaded(ReferenceLoaded):
+    """Skips the content check for a method whose every key was loaded before (CUDA delegate 'all cached')."""
+
+    def load_method(self, method: str) -> None:
+        if method in self._bound:
+            return
+        by_key = self.__dict__.setdefault("_by_key", {})
+        items = self._constants(method)
+        immutable = [i for i in items if i["final"] not in self._state]
+        if immutable and all(i["key"] in by_key for i in immutable):
+            self._bound[method] = {i["final"]: by_key[i["key"]] for i in immutable}
+            return
+        super().load_method(method)
+        for i in immutable:
+            by_key.setdefault(i["key"], self._bound[method][i["final"]])
+
+
+class TrustsCachedNames(ReferenceBackend):
+    """S3: no check at all when every constant name of a later method is already cached."""
+
+    name = "broken-s3"
+
+    def load(self, lowered: Lowered) -> ReferenceLoaded:
+        assert isinstance(lowered, ReferenceLowered)
+        return _TrustsNamesLoaded(read_package(lowered.path), lowered.graphs, self.cache)
+
+
+_PROCESS_WIDE: dict[str, torch.Tensor] = {}
+
+
+class _ProcessWideLoaded(ReferenceLoaded):
+    def _bind(self, method: str, key: str, final: str) -> torch.Tensor:
+        if final not in _PROCESS_WIDE:
+            _PROCESS_WIDE[final] = super()._bind(method, key, final)
+        return _PROCESS_WIDE[final]
+
+
+class ProcessWideByName(ReferenceBackend):
+    """S4: a process-wide cache keyed by name, never cleared: a second program reads the first's constants."""
+
+    name = "broken-s4"
+
+    def load(self, lowered: Lowered) -> ReferenceLoaded:
+        assert isinstance(lowered, ReferenceLowered)
+        return _ProcessWideLoaded(read_package(lowered.path), lowered.graphs, self.cache)
+
+
+class _OrderedLoaded(ReferenceLoaded):
+    """Shares only with methods that loaded earlier and sort before the current one."""
+
+    def _bind(self, method: str, key: str, final: str) -> torch.Tensor:
+        local = self.__dict__.setdefault("_local", {})
+        host = self._package.tensor(final)
+        content = rules.ContentKey.of(host)
+        for (other, other_content), t in local.items():
+            if other < method and other_content == content:
+                return t
+        return local.setdefault((method, content), self._allocate(host))
+
+
+class OrderDependent(ReferenceBackend):
+    """S5: whether constants are shared depends on which method loads first."""
+
+    name = "broken-s5"
+
+    def load(self, lowered: Lowered) -> ReferenceLoaded:
+        assert isinstance(lowered, ReferenceLowered)
+        return _OrderedLoaded(read_package(lowered.path), lowered.graphs, self.cache)
+
+
+class _ReuploadLoaded(ReferenceLoaded):
+    """Uploads every constant to compare it with the cache, then frees the copy on a hit (PR #21959's
+    first attempt, which ran out of CUDA memory)."""
+
+    def _bind(self, method: str, key: str, final: str) -> torch.Tensor:
+        uploaded = self._allocate(self._package.tensor(final))
+        shared = self._cache.share(uploaded, lambda t: t)
+        if shared is not uploaded:
+            self._allocated -= uploaded.numel() * uploaded.element_size()
+        return shared
+
+
+class ReuploadToCompare(ReferenceBackend):
+    """S6: the sharing check allocates a device copy of each constant before deciding."""
+
+    name = "broken-s6"
+
+    def load(self, lowered: Lowered) -> ReferenceLoaded:
+        assert isinstance(lowered, ReferenceLowered)
+        return _ReuploadLoaded(read_package(lowered.path), lowered.graphs, self.cache)
+
+
+class _RacyCache(rules.SharingCache):
+    """Looks up, yields, then inserts without looking again: concurrent loads each miss."""
+
+    def share(self, host, materialize=torch.clone):
+        key = rules.ContentKey.of(host)
+        cached = self._tensors.get(key)
+        if cached is None:
+            time.sleep(0.05)
+            cached = self._tensors[key] = materialize(host)
+        return cached
+
+
+class ThreadUnsafe(_Loader):
+    """S7: the cache has a check-then-insert race, so threads loading at once each make their own copy."""
+
+    name = "broken-s7"
+
+    def make_cache(self):
+        return _RacyCache()
+
+
+class VagueErrors(ReferenceBackend):
+    """X1: rejections say that something is wrong but not which method or key."""
+
+    name = "broken-x1"
+
+    def plan(self, methods: Uses) -> PackagePlan:
+        try:
+            return rules.plan_package(methods)
+        except rules.PackagingError as e:
+            raise ValueError("invalid program") from e
+
+
+BROKEN: dict[str, type[ReferenceBackend]] = {
+    "P1": NotNamespaced,
+    "P2": StatePerMethod,
+    "P3": OrphanEntry,
+    "P4": NoDedupe,
+    "P5": StateDeduped,
+    "P6": StateMethodAllowed,
+    "P7": FirstStateWins,
+    "P8": LastNameWins,
+    "P9": Nondeterministic,
+    "E1": BindsByKey,
+    "E2": RejectsCollisions,
+    "E3": StateCopiedPerMethod,
+    "E4": SharedArena,
+    "E5": ZeroInitState,
+    "S1": NoSharing,
+    "S2": MetadataOnly,
+    "S3": TrustsCachedNames,
+    "S4": ProcessWideByName,
+    "S5": OrderDependent,
+    "S6": ReuploadToCompare,
+    "S7": ThreadUnsafe,
+    "X1": VagueErrors,
+}

@@ -1,0 +1,37 @@
+"""Every conformance rule catches the broken reference variant made for it (tests/broken_backends.py)."""
+
+from __future__ import annotations
+
+import pytest
+from broken_backends import BROKEN
+
+from pytest_ptn.plugin import suite_path
+from pytest_ptn.ruleset import RULES
+
+
+def test_every_rule_with_tests_has_a_broken_variant() -> None:
+    untested = {"P10", "X2"}  # checked by tests of their own: test_package_reader.py
+    assert set(BROKEN) == set(RULES) - untested
+
+
+@pytest.mark.parametrize("rule", sorted(BROKEN))
+def test_suite_catches_broken_variant(rule: str, pytester: pytest.Pytester, warm_torch: None) -> None:
+    variant = BROKEN[rule]
+    result = pytester.runpytest_inprocess(
+        str(suite_path()),
+        f"--ptn-backend=broken_backends:{variant.__name__}",
+        "-m",
+        rule,
+        "-p",
+        "no:cacheprovider",
+        "--maxfail=1",
+        "-rx",
+    )
+    outcomes = result.parseoutcomes()
+    if RULES[rule].level == "SHOULD":
+        assert outcomes.get("xfailed", 0) > 0 and result.ret == 0, outcomes
+        result.stdout.fnmatch_lines([f"*SHOULD rule {rule} not met*"])
+    else:
+        assert outcomes.get("failed", 0) > 0, (
+            f"{variant.__name__} breaks {rule} but the suite passed: {outcomes}"
+        )
