@@ -13,7 +13,7 @@ def _state_mismatches(case: Case, keys: set[str] | None = None) -> list[Mismatch
     loaded = case.load()
     mismatches = []
     for i, call in enumerate(case.eager()):
-        mismatches += [Mismatch(i, call.method, str(m)) for m in case.run_sequence(loaded, [call])]
+        mismatches += [Mismatch(i, m.method, m.detail) for m in case.run_sequence(loaded, [call])]
         state = loaded.state()
         for key, want in call.state_after.items():
             if keys is not None and key not in keys:
@@ -38,12 +38,12 @@ def test_each_method_matches_eager(ptn_case: Case) -> None:
 @pytest.mark.E2
 @pytest.mark.ptn_scenarios("valid")
 def test_valid_program_lowers_and_loads(ptn_case: Case) -> None:
+    loaded = ptn_case.load()
     try:
-        loaded = ptn_case.load()
         for method in ptn_case.program.spec.methods:
             loaded.load_method(method.name)
     except Exception as e:
-        pytest.fail(f"valid program rejected: {type(e).__name__}: {e}", pytrace=False)
+        pytest.fail(f"loading failed: {type(e).__name__}: {e}", pytrace=False)
 
 
 @pytest.mark.E3

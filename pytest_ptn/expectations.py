@@ -82,21 +82,26 @@ def read(path: Path) -> ExpectationFile:
     backend = data.get("backend")
     if not isinstance(backend, str):
         raise ExpectationsError(f"{path}: 'backend' must name the backend the file is about")
+    raw_requires, raw_entries = data.get("requires", {}), data.get("xfail", [])
+    if not isinstance(raw_requires, dict):
+        raise ExpectationsError(f"{path}: 'requires' must be a table of distribution = version specifier")
+    if not isinstance(raw_entries, list) or not all(isinstance(e, dict) for e in raw_entries):
+        raise ExpectationsError(f"{path}: 'xfail' must be an array of tables ([[xfail]])")
     requires: dict[str, SpecifierSet] = {}
-    for dist, spec in dict(data.get("requires", {})).items():
+    for dist, spec in raw_requires.items():
         try:
             requires[dist] = SpecifierSet(spec)
         except (InvalidSpecifier, TypeError) as e:
             raise ExpectationsError(f"{path}: requires.{dist}: {e}") from e
     entries = []
-    for i, raw in enumerate(data.get("xfail", [])):
+    for i, raw in enumerate(raw_entries):
         where = f"{path}: xfail #{i + 1}"
         missing = [k for k in ("rule", "scenario", "reason", "link") if not raw.get(k)]
         if missing:
             raise ExpectationsError(f"{where}: missing {', '.join(missing)}")
         if raw["rule"] not in RULES:
             raise ExpectationsError(f"{where}: unknown rule {raw['rule']!r}")
-        if raw["scenario"] != "*" and raw["scenario"] not in BY_NAME:
+        if raw["scenario"] not in ("*", "fuzz") and raw["scenario"] not in BY_NAME:
             raise ExpectationsError(f"{where}: unknown scenario {raw['scenario']!r}")
         entries.append(Expectation(backend, raw["rule"], raw["scenario"], raw["reason"], raw["link"], path))
     return ExpectationFile(path, backend, requires, tuple(entries))

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
     from pytest_ptn.backend import Backend, Loaded, Lowered
     from pytest_ptn.programs import EagerCall, Program
-    from pytest_ptn.spec import Scenario
+    from pytest_ptn.spec import ProgramSpec, Scenario
 
 
 def functionalize(
@@ -47,7 +47,7 @@ class Case:
         backend: Backend,
         scenario: Scenario,
         workdir: Callable[[str], Path],
-        lowered: dict[tuple[str, str], object],
+        lowered: dict[tuple[int, str], object],
         inspected: dict[str, dict[str, torch.export.ExportedProgram]],
     ):
         self.backend = backend
@@ -75,7 +75,7 @@ class Case:
 
     def lower(self) -> Lowered:
         """The session's lowering of this case; a rejection is re-raised for every test that asks."""
-        key = (self.backend.name, self.scenario.name)
+        key = (id(self.backend), self.scenario.name)
         if key not in self._lowered:
             try:
                 self._lowered[key] = self.lower_fresh()
@@ -83,6 +83,10 @@ class Case:
                 self._lowered[key] = e
         result = self._lowered[key]
         if isinstance(result, Exception):
+            if self.scenario.valid:  # quote the upstream message, not its traceback
+                import pytest
+
+                pytest.fail(f"lowering failed: {type(result).__name__}: {result}", pytrace=False)
             raise result
         return result  # type: ignore[return-value]
 
@@ -147,3 +151,14 @@ def fail_on(mismatches: list[Mismatch], what: str) -> None:
         lines = "\n  ".join(str(m) for m in mismatches[:10])
         more = f"\n  ... and {len(mismatches) - 10} more" if len(mismatches) > 10 else ""
         pytest.fail(f"{what}:\n  {lines}{more}", pytrace=False)
+
+
+def check_spec(backend: Backend, spec: ProgramSpec, workdir: Path) -> list[Mismatch]:
+    """Lower, load and run one program spec on ``backend``: every way it differs from eager (E1).
+
+    A lowering error fails the calling test with the upstream message: a valid spec must lower (E2).
+    """
+    from pytest_ptn.spec import Scenario
+
+    case = Case(backend, Scenario("spec", "", spec), lambda name: workdir, {}, {})
+    return case.run_sequence(case.load())

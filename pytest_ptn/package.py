@@ -3,7 +3,9 @@
 Layout: ``data.safetensors`` (owners and state), ``aliases.json`` (alias -> owner) and ``bindings.json``
 (per method, its graph inputs and outputs in order, each naming a final key). Written to a temporary file
 and renamed, so a failed save leaves an existing package intact (P10); members are sorted and timestamps
-fixed, so the same plan gives the same bytes (P9).
+fixed, so the same plan gives the same bytes (P9). Reading validates everything it trusts through
+:mod:`pytest_ptn.zipdata` and checks the bindings, so a damaged package raises
+:class:`~pytest_ptn.zipdata.PackageFormatError` (X2).
 """
 
 from __future__ import annotations
@@ -17,15 +19,23 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
+from pytest_ptn import zipdata
 from pytest_ptn.backend import Entry, PackageView, Reference
+from pytest_ptn.zipdata import PackageFormatError
 
 DATA = "data.safetensors"
 ALIASES = "aliases.json"
 BINDINGS = "bindings.json"
 _EPOCH = (1980, 1, 1, 0, 0, 0)
+KIND = "reference package"
+MAX_BINDINGS_BYTES = 64 * 1024 * 1024
+# item kind -> the fields it must have, per side of a method's signature (see exported.signature)
+_ITEMS: dict[str, dict[str, tuple[str, ...]]] = {
+    "inputs": {"user": ("index",), "constant": ("key", "final")},
+    "outputs": {"user": (), "state": ("final",), "input": ("index",)},
+}
 
 
 @dataclass
@@ -41,8 +51,9 @@ class Package:
         return self.tensors[self.aliases.get(name, name)]
 
 
-def write_package(path: Path, package: Package) -> None:
-    members = {
+def members(package: Package) -> dict[str, bytes]:
+    """The package's zip members, name -> bytes."""
+    return {
         DATA: save_safetensors(
             {k: t.detach().contiguous() for k, t in package.tensors.items()},
             metadata={"state_keys": json.dumps(sorted(package.state_keys))},
@@ -50,11 +61,21 @@ def write_package(path: Path, package: Package) -> None:
         ALIASES: _json(package.aliases),
         BINDINGS: _json(package.bindings),
     }
+
+
+def write_zip(f: Any, contents: dict[str, bytes]) -> None:
+    """Write ``contents`` as a stored zip into the open binary file ``f``: sorted, fixed timestamps."""
+    with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED) as z:
+        for name in sorted(contents):
+            z.writestr(zipfile.ZipInfo(name, _EPOCH), contents[name])
+
+
+def write_package(path: Path, package: Package) -> None:
+    contents = members(package)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb") as f, zipfile.ZipFile(f, "w", zipfile.ZIP_STORED) as z:
-            for name in sorted(members):
-                z.writestr(zipfile.ZipInfo(name, _EPOCH), members[name])
+        with os.fdopen(fd, "wb") as f:
+            write_zip(f, contents)
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)
@@ -62,15 +83,81 @@ def write_package(path: Path, package: Package) -> None:
 
 
 def read_package(path: Path) -> Package:
-    with zipfile.ZipFile(path) as z:
-        data = z.read(DATA)
-        aliases = json.loads(z.read(ALIASES))
-        bindings = json.loads(z.read(BINDINGS))
-    tensors = load_safetensors(data)
-    header_len = int.from_bytes(data[:8], "little")  # state keys are in the safetensors header metadata
-    header = json.loads(data[8 : 8 + header_len])
-    state_keys = json.loads(header.get("__metadata__", {}).get("state_keys", "[]"))
-    return Package(tensors, aliases, bindings, state_keys)
+    """Read and validate a reference package; a damaged one raises PackageFormatError (X2)."""
+    spath = str(path)
+    zf, infos = zipdata.open_zip(path, kind=KIND)
+    with zf:
+        data = zipdata.read_safetensors(spath, zf, zipdata.require_member(spath, infos, DATA))
+        raw_aliases = zipdata.read_member(
+            spath, zf, zipdata.require_member(spath, infos, ALIASES), zipdata.MAX_ALIASES_BYTES
+        )
+        raw_bindings = zipdata.read_member(
+            spath, zf, zipdata.require_member(spath, infos, BINDINGS), MAX_BINDINGS_BYTES
+        )
+    aliases = zipdata.parse_aliases(spath, raw_aliases, data.tensors, member=ALIASES)
+    stored = data.tensors.keys() | aliases.keys()
+    state_keys = _state_keys(spath, data.metadata, stored)
+    bindings = _bindings(spath, raw_bindings, stored)
+    return Package(data.tensors, aliases, bindings, state_keys)
+
+
+def _state_keys(path: str, metadata: dict[str, str], stored: set[str]) -> list[str]:
+    """The state keys recorded in the safetensors header metadata; each must have data."""
+    try:
+        keys = zipdata.loads_json(metadata.get("state_keys", "[]").encode())
+    except ValueError as exc:
+        raise PackageFormatError(
+            path, f"state_keys in the {DATA} metadata is not valid JSON ({exc})"
+        ) from exc
+    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+        raise PackageFormatError(path, f"state_keys in the {DATA} metadata must be a JSON list of strings")
+    for key in keys:
+        if key not in stored:
+            raise PackageFormatError(path, f"state key {key!r} has no data in {DATA}")
+    return keys
+
+
+def _bindings(path: str, raw: bytes, stored: set[str]) -> dict[str, Any]:
+    """Per-method signatures: every item well formed, every final name it refers to has data."""
+    try:
+        obj = zipdata.loads_json(raw)
+    except ValueError as exc:
+        raise PackageFormatError(path, f"{BINDINGS} is not valid JSON ({exc})") from exc
+    if not isinstance(obj, dict):
+        raise PackageFormatError(path, f"{BINDINGS} must be a JSON object of method -> signature")
+    for method, sig in obj.items():
+        if not isinstance(sig, dict) or not all(isinstance(sig.get(f), list) for f in ("inputs", "outputs")):
+            raise PackageFormatError(
+                path, f"{BINDINGS}: method {method!r} must map to an object with 'inputs' and 'outputs' lists"
+            )
+        for side, kinds in _ITEMS.items():
+            for i, item in enumerate(sig[side]):
+                _check_item(path, method, f"{side[:-1]} {i}", item, kinds, stored)
+    return obj
+
+
+def _check_item(
+    path: str, method: str, where: str, item: object, kinds: dict[str, tuple[str, ...]], stored: set[str]
+) -> None:
+    def bad(problem: str) -> PackageFormatError:
+        return PackageFormatError(path, f"{BINDINGS}: method {method!r} {where} {problem}")
+
+    if not isinstance(item, dict) or item.get("kind") not in kinds:
+        raise bad(f"must be an object whose 'kind' is one of {sorted(kinds)}, got {item!r}")
+    kind = item["kind"]
+    for name in kinds[kind]:
+        value = item.get(name)
+        ok = (
+            isinstance(value, int) and not isinstance(value, bool) and value >= 0
+            if name == "index"
+            else isinstance(value, str)
+        )
+        if not ok:
+            expected = "a non-negative int" if name == "index" else "a string"
+            raise bad(f"({kind}) field {name!r} must be {expected}, got {value!r}")
+    if "final" in kinds[kind] and item["final"] not in stored:
+        what = f"constant key {item['key']!r}" if kind == "constant" else "mutation target"
+        raise bad(f"({what}) refers to final name {item['final']!r}, which has no data in the package")
 
 
 def view(package: Package) -> PackageView:

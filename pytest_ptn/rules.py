@@ -62,7 +62,7 @@ class ContentKey:
 
 def tensor_bytes(t: torch.Tensor) -> memoryview:
     """The tensor's bytes in logical (row-major) order, read from host memory without a device copy."""
-    flat = t.detach().contiguous().reshape(-1)
+    flat = t.detach().resolve_conj().resolve_neg().contiguous().reshape(-1)
     return flat.view(torch.uint8).numpy().data if flat.numel() else memoryview(b"")
 
 
@@ -98,9 +98,9 @@ def final_name(method: str, key: str, mutable_keys: frozenset[str] | set[str]) -
 def plan_package(methods: Mapping[str, Mapping[str, ConstantUse]]) -> PackagePlan:
     """Plan a package for ``methods`` (method -> key -> use); raise a PackagingError for P6, P7, P8."""
     for method, uses in methods.items():
-        if method == STATE:
+        if method == STATE or method.startswith(f"{STATE}/"):
             raise ReservedNamespaceError(
-                f"method {method!r} is reserved: '{STATE}/' holds the program's mutable keys "
+                f"method {method!r} is in the reserved namespace '{STATE}/' of the program's mutable keys "
                 f"(it binds {sorted(uses)})",
                 (method,),
                 tuple(sorted(uses)),

@@ -8,17 +8,20 @@ the rule's tests against it and expects them to fail.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
+from pytest_ptn import package as reference_package
 from pytest_ptn import rules
 from pytest_ptn.backend import Lowered
 from pytest_ptn.backends.reference import ReferenceBackend
 from pytest_ptn.loader import ReferenceLoaded, ReferenceLowered
-from pytest_ptn.package import read_package
+from pytest_ptn.package import Package, read_package
 from pytest_ptn.rules import ConstantUse, PackagePlan
 
 Uses = Mapping[str, Mapping[str, ConstantUse]]
@@ -438,3 +441,55 @@ BROKEN: dict[str, type[ReferenceBackend]] = {
     "S7": ThreadUnsafe,
     "X1": VagueErrors,
 }
+
+
+class _TrustingLowered(ReferenceLowered):
+    """Reads the package the way a first draft does: no size, header or alias-map checks at all."""
+
+    def package(self):
+        from safetensors.torch import load
+
+        with zipfile.ZipFile(self.path) as z:
+            data = z.read(reference_package.DATA)
+            aliases = json.loads(z.read(reference_package.ALIASES))
+            bindings = json.loads(z.read(reference_package.BINDINGS))
+        header = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")])
+        state_keys = json.loads(header.get("__metadata__", {}).get("state_keys", "[]"))
+        return reference_package.view(Package(load(data), aliases, bindings, state_keys))
+
+
+class TrustingReader(ReferenceBackend):
+    """X2: the package reader trusts the file: a damaged package gives BadZipFile, SafetensorError,
+    KeyError or a silently wrong view instead of a clear ValueError."""
+
+    name = "broken-x2"
+
+    def lower(self, programs, workdir: Path) -> ReferenceLowered:
+        lowered = super().lower(programs, workdir)
+        assert isinstance(lowered, ReferenceLowered)
+        return _TrustingLowered(lowered.path, lowered.graphs)
+
+
+class InPlaceSave(ReferenceBackend):
+    """P10: the package is written directly at its final path, so a save that fails part-way leaves a
+    truncated package where the good one was."""
+
+    name = "broken-p10"
+
+    def lower(self, programs, workdir: Path) -> ReferenceLowered:
+        """ReferenceBackend.lower with the zip written straight to ``program.ptpkg``."""
+        from pytest_ptn.exported import constants_of, signature
+        from pytest_ptn.harness import functionalize
+
+        decomposed = functionalize(programs)
+        plan = self.plan({m: constants_of(ep) for m, ep in decomposed.items()})
+        bindings = {m: signature(ep, plan.bindings[m]) for m, ep in decomposed.items()}
+        package = Package(plan.entries, plan.aliases, bindings, sorted(plan.state_keys))
+        path = workdir / "program.ptpkg"
+        with open(path, "wb") as f:
+            reference_package.write_zip(f, reference_package.members(package))
+        return ReferenceLowered(path, {m: ep.graph_module for m, ep in decomposed.items()})
+
+
+BROKEN["X2"] = TrustingReader
+BROKEN["P10"] = InPlaceSave

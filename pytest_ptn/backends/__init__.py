@@ -1,1 +1,1 @@
-"""Backends shipped with pytest-ptn; each registers itself in the ``pytest_ptn.backends`` entry-point group."""
+"""Backends shipped with pytest-ptn, each registered in the ``pytest_ptn.backends`` entry-point group."""

@@ -1,0 +1,310 @@
+"""X2 and P10: the package reader refuses damaged packages clearly; a failed save keeps the old package.
+
+The damage is made generically, knowing only that a package is a zip holding a ``*.safetensors`` member
+(8-byte little-endian header length, JSON header, data) and an ``aliases.json`` member (alias -> owner):
+true of the reference package and of the native ``.ptn``.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import struct
+import time
+import tracemalloc
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+
+from pytest_ptn.backend import Lowered
+from pytest_ptn.harness import Case
+
+ALIASES = "aliases.json"
+ABSURD_HEADER_LENGTH = 2**62
+MISSING_OWNER = "ptn-x2/missing-owner"
+CYCLE_KEY = "ptn-x2/cycle"
+NEW_ALIAS = "ptn-x2/alias"
+ESCAPING_MEMBER = "../evil"
+TIME_LIMIT_S = 30.0
+"""A damaged package of a few kilobytes is refused in far less; more means unbounded work."""
+MEMORY_LIMIT = 256 * 1024 * 1024
+"""Python allocations (tracemalloc peak) while reading one small damaged package."""
+
+Members = list[tuple[zipfile.ZipInfo, bytes]]
+
+
+@dataclass
+class Package:
+    """The members of a valid package, and what its safetensors header and alias map hold."""
+
+    blob: bytes
+    members: Members
+    safetensors: str
+    aliases_member: str | None
+    owners: list[str]
+    aliases: dict[str, str]
+
+    @classmethod
+    def read(cls, path: Path) -> Package:
+        blob = path.read_bytes()
+        with zipfile.ZipFile(io.BytesIO(blob)) as z:
+            members = [(info, z.read(info)) for info in z.infolist()]
+        names = [info.filename for info, _ in members]
+        tensors = sorted(n for n in names if n.endswith(".safetensors"))
+        assert tensors, f"{path}: no *.safetensors member among {names}"
+        al = [n for n in names if n == ALIASES or n.endswith(f"/{ALIASES}")]
+        st = dict((i.filename, d) for i, d in members)[tensors[0]]
+        (n,) = struct.unpack("<Q", st[:8])
+        owners = sorted(k for k in json.loads(st[8 : 8 + n]) if k != "__metadata__")
+        assert owners, f"{path}: {tensors[0]} holds no tensor"
+        aliases = json.loads(dict((i.filename, d) for i, d in members)[al[0]]) if al else {}
+        return cls(blob, members, tensors[0], al[0] if al else None, owners, aliases)
+
+    def get(self, name: str) -> bytes:
+        return next(d for i, d in self.members if i.filename == name)
+
+    def rezip(self, replace: dict[str, bytes], extra: dict[str, bytes] | None = None) -> bytes:
+        """The package with members replaced (or added) and ``extra`` members appended, in order."""
+        present = {info.filename for info, _ in self.members}
+        added = {**{k: v for k, v in replace.items() if k not in present}, **(extra or {})}
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w") as z:
+            for info, data in self.members:
+                fresh = zipfile.ZipInfo(info.filename, info.date_time)  # writestr fills in its fields
+                fresh.compress_type, fresh.external_attr = info.compress_type, info.external_attr
+                z.writestr(fresh, replace.get(info.filename, data))
+            for name, data in added.items():
+                z.writestr(zipfile.ZipInfo(name, (1980, 1, 1, 0, 0, 0)), data)
+        return buf.getvalue()
+
+    def with_aliases(self, aliases: dict[str, str], **replace: bytes) -> bytes:
+        return self.rezip({self.aliases_member or ALIASES: json.dumps(aliases).encode(), **replace})
+
+
+def _split_safetensors(st: bytes) -> tuple[dict[str, Any], bytes]:
+    (n,) = struct.unpack("<Q", st[:8])
+    return json.loads(st[8 : 8 + n]), st[8 + n :]
+
+
+def _join_safetensors(header: dict[str, Any], data: bytes) -> bytes:
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw + data
+
+
+# Each damage: (damaged bytes, groups of phrases): the error message must contain at least one phrase of
+# every group (case-insensitive), besides the damaged file's name.
+Made = tuple[bytes, list[tuple[str, ...]]]
+
+
+def truncated_zip(p: Package) -> Made:
+    return p.blob[: len(p.blob) // 2], [("truncat", "corrupt", "not a zip", "bad zip")]
+
+
+def bad_safetensors_header(p: Package) -> Made:
+    st = p.get(p.safetensors)
+    (n,) = struct.unpack("<Q", st[:8])
+    garbage = (b"{not json" + b" " * n)[:n]  # same length: only the JSON is wrong
+    damaged = p.rezip({p.safetensors: st[:8] + garbage + st[8 + n :]})
+    return damaged, [("header",), ("json", "parse", "decode", "invalid", "malformed", "bad")]
+
+
+def absurd_header_length(p: Package) -> Made:
+    st = p.get(p.safetensors)
+    damaged = p.rezip({p.safetensors: struct.pack("<Q", ABSURD_HEADER_LENGTH) + st[8:]})
+    return damaged, [
+        ("header",),
+        ("length", "size", "absurd", "too large", "exceeds", str(ABSURD_HEADER_LENGTH)),
+    ]
+
+
+def alias_missing_owner(p: Package) -> Made:
+    alias = min(p.aliases, default=NEW_ALIAS)
+    damaged = p.with_aliases({**p.aliases, alias: MISSING_OWNER})
+    return damaged, [(alias, MISSING_OWNER), ("missing", "no such", "not found", "unknown", "no data")]
+
+
+def alias_cycle(p: Package) -> Made:
+    alias = min(p.aliases, default=NEW_ALIAS)
+    damaged = p.with_aliases({**p.aliases, alias: CYCLE_KEY, CYCLE_KEY: alias})
+    return damaged, [("cycle", "circular", "loop")]
+
+
+def owner_and_alias(p: Package) -> Made:
+    """An alias that is also stored as an owner (a dedupe that forgot to drop the duplicate)."""
+    aliases = dict(p.aliases) or {NEW_ALIAS: p.owners[0]}
+    alias = min(aliases)
+    header, data = _split_safetensors(p.get(p.safetensors))
+    spec = header[aliases[alias]]
+    begin, end = spec["data_offsets"]
+    header[alias] = {**spec, "data_offsets": [len(data), len(data) + end - begin]}
+    st = _join_safetensors(header, data + data[begin:end])
+    damaged = p.with_aliases(aliases, **{p.safetensors: st})
+    return damaged, [(alias,), ("both", "owner and alias", "also an owner", "also an alias")]
+
+
+def member_escapes_folder(p: Package) -> Made:
+    damaged = p.rezip({}, extra={ESCAPING_MEMBER: b"evil"})
+    return damaged, [(ESCAPING_MEMBER, "escape", "outside", "traversal", "absolute")]
+
+
+DAMAGES: dict[str, Callable[[Package], Made]] = {
+    f.__name__: f
+    for f in (
+        truncated_zip,
+        bad_safetensors_header,
+        absurd_header_length,
+        alias_missing_owner,
+        alias_cycle,
+        owner_and_alias,
+        member_escapes_folder,
+    )
+}
+
+
+def _lowered(case: Case) -> Lowered:
+    try:
+        return case.lower()
+    except (Exception, pytest.fail.Exception) as e:  # the P and E rules report a failed lowering
+        pytest.skip(
+            f"not applicable: no package to damage: {case.backend.name} could not lower "
+            f"{case.scenario.name} ({e})"
+        )
+
+
+@pytest.mark.X2
+@pytest.mark.ptn_scenarios("dedupe")
+@pytest.mark.parametrize("damage", sorted(DAMAGES))
+def test_damaged_package_is_refused_clearly(ptn_case: Case, damage: str, tmp_path: Path) -> None:
+    lowered = _lowered(ptn_case)
+    lowered.package()  # the undamaged package reads: otherwise refusing the damaged one proves nothing
+    blob, groups = DAMAGES[damage](Package.read(lowered.path))
+    path = tmp_path / f"{damage}{lowered.path.suffix}"
+    path.write_bytes(blob)
+    damaged = copy.copy(lowered)
+    damaged.path = path
+
+    tracing = tracemalloc.is_tracing()
+    if not tracing:
+        tracemalloc.start()
+    tracemalloc.reset_peak()
+    start = time.monotonic()
+    try:
+        damaged.package()
+    except ValueError as e:
+        error: Exception | None = e
+    except Exception as e:  # MemoryError, KeyError, zipfile.BadZipFile, a library's own error...
+        pytest.fail(
+            f"reading a package with damage {damage!r} raised {type(e).__name__}: {e}; "
+            "a damaged package must raise a ValueError naming the file and the problem",
+            pytrace=False,
+        )
+    else:
+        error = None
+    finally:
+        elapsed = time.monotonic() - start
+        peak = tracemalloc.get_traced_memory()[1]
+        if not tracing:
+            tracemalloc.stop()
+    if error is None:
+        pytest.fail(f"a package with damage {damage!r} was read without complaint ({path})", pytrace=False)
+    message = str(error)
+    problems = []
+    if path.name not in message:
+        problems.append(f"does not name the file {path.name!r}")
+    for group in groups:
+        if not any(phrase.lower() in message.lower() for phrase in group):
+            problems.append(f"does not say what is wrong (none of {list(group)})")
+    if elapsed > TIME_LIMIT_S:
+        problems.append(f"took {elapsed:.1f}s (limit {TIME_LIMIT_S:.0f}s)")
+    if peak > MEMORY_LIMIT:
+        problems.append(f"allocated {peak / 2**20:.0f} MiB (limit {MEMORY_LIMIT / 2**20:.0f} MiB)")
+    assert not problems, f"damage {damage!r}: {type(error).__name__}({message!r}) " + "; ".join(problems)
+
+
+class _DiskFull:
+    """Every zip member write after the first fails, as on a full disk: ``ZipFile.writestr``, ``.write``
+    and ``.open(name, "w")`` (writers that stream a member); writestr and write open their member through
+    ``.open``, which then is not counted again."""
+
+    def __init__(self) -> None:
+        self.writes = 0
+        self.injected = 0
+        self._inside = 0
+
+    def _member_write(self) -> None:
+        self.writes += 1
+        if self.writes >= 2:
+            self.injected += 1
+            raise OSError("disk full")
+
+    def patch(self, mp: pytest.MonkeyPatch) -> None:
+        def counted(original: Callable[..., Any]) -> Callable[..., Any]:
+            def write(zf: zipfile.ZipFile, *args: Any, **kwargs: Any) -> Any:
+                self._member_write()
+                self._inside += 1
+                try:
+                    return original(zf, *args, **kwargs)
+                finally:
+                    self._inside -= 1
+
+            return write
+
+        open_member = zipfile.ZipFile.open
+
+        def open_(
+            zf: zipfile.ZipFile, name: Any, mode: Literal["r", "w"] = "r", *args: Any, **kwargs: Any
+        ) -> Any:
+            if mode == "w" and not self._inside:
+                self._member_write()
+            return open_member(zf, name, mode, *args, **kwargs)
+
+        mp.setattr(zipfile.ZipFile, "writestr", counted(zipfile.ZipFile.writestr))
+        mp.setattr(zipfile.ZipFile, "write", counted(zipfile.ZipFile.write))
+        mp.setattr(zipfile.ZipFile, "open", open_)
+
+
+def _files(folder: Path) -> set[str]:
+    return {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.P10
+@pytest.mark.ptn_scenarios("shared_weight")  # one valid scenario: the rule is about saving, not content
+def test_failed_save_leaves_the_package_intact(ptn_case: Case, tmp_path: Path) -> None:
+    workdir = tmp_path / "p10"
+    workdir.mkdir()
+    first = ptn_case.backend.lower(ptn_case.program.export(), workdir)
+    before = first.path.read_bytes()
+    files = _files(workdir)
+    programs = ptn_case.program.export()
+
+    disk = _DiskFull()
+    error: Exception | None = None
+    with pytest.MonkeyPatch.context() as mp:
+        disk.patch(mp)
+        try:
+            ptn_case.backend.lower(programs, workdir)
+        except Exception as e:
+            error = e
+    if not disk.injected:
+        pytest.skip("not applicable: could not inject a write failure (fewer than two zip member writes)")
+
+    problems = []
+    if error is None:
+        problems.append("the lowering reported success although writing a zip member failed")
+    if not first.path.exists():
+        problems.append(f"the package {first.path.name} is gone")
+    elif first.path.read_bytes() != before:
+        after = first.path.stat().st_size
+        problems.append(f"the package {first.path.name} changed ({len(before)} -> {after} bytes)")
+    # Not the letter of P10, but a save that fails part-way and leaves its partial output behind is not
+    # atomic either: stray files are reported under the same (SHOULD) rule.
+    stray = sorted(_files(workdir) - files)
+    if stray:
+        problems.append(f"the failed save left files behind: {stray}")
+    assert not problems, f"after a save that failed with {error!r}: " + "; ".join(problems)

@@ -1,0 +1,231 @@
+"""The ``.pte`` backends: ExecuTorch's own lowering (``to_edge_transform_and_lower`` -> ``to_executorch``) and
+runtime (``executorch.runtime``), in the four configurations multi-method programs use upstream.
+
+None claims STORAGE: the runtime names a constant only when it is external or a mutable buffer
+(``get_attribute``), so lifted constants (scalars, ``torch.tensor`` literals) have no identity to show.
+None claims PACKAGE: the .pte keys in-file constants by content and the .ptd by FQN, with no method
+namespace, so a PackageView could only report P1-P3 as failing by design. Heavy imports happen inside
+methods: the plugin imports this module at start-up.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pytest_ptn.backend import Availability, Backend, Capability, Loaded, Lowered, package_version
+
+if TYPE_CHECKING:
+    import torch
+    from executorch.exir import ExecutorchBackendConfig
+    from executorch.runtime import Method, Program
+    from torch.export import ExportedProgram
+
+
+@dataclass(frozen=True)
+class MethodSignature:
+    """What the .pte's flat I/O means: which outputs are user-input mutations, which buffers it holds."""
+
+    input_mutations: dict[int, int]
+    """output index -> user input index it writes back (the runtime returns mutated inputs as outputs)."""
+    buffers: frozenset[str]
+    """FQNs of the mutable buffers (mutated by any method) this method's plan holds."""
+
+
+class PteLowered(Lowered):
+    def __init__(self, path: Path, data_path: Path | None, methods: dict[str, MethodSignature]):
+        self.path = path
+        self.data_path = data_path
+        self.methods = methods
+
+
+class PteLoaded(Loaded):
+    """One ``Runtime.load_program`` of the .pte. Methods load on first use, as ``Program.load_method`` does:
+    loading all of them up front would hide that a late load re-initializes shared buffers."""
+
+    def __init__(self, lowered: PteLowered):
+        self._lowered = lowered
+        self._program = _load_program(lowered)
+        self._loaded: dict[str, Method] = {}
+
+    def _method(self, method: str) -> Method:
+        if method not in self._loaded:
+            if method not in self._lowered.methods:
+                raise KeyError(
+                    f"no method {method!r} in {self._lowered.path} (has {sorted(self._lowered.methods)})"
+                )
+            loaded = self._program.load_method(method)
+            assert loaded is not None
+            self._loaded[method] = loaded
+        return self._loaded[method]
+
+    def load_method(self, method: str) -> None:
+        self._method(method)
+
+    def run(self, method: str, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        outputs = list(self._method(method).execute(list(inputs)))
+        mutations = self._lowered.methods[method].input_mutations
+        for out, index in mutations.items():
+            inputs[index].copy_(outputs[out])
+        return [t for i, t in enumerate(outputs) if i not in mutations]
+
+
+class SharedStateLoaded(PteLoaded):
+    """A program whose mutable buffers keep their FQN (``emit_mutable_buffer_names``), so they can be read."""
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """Every mutable buffer, read through a loaded method holding it. Observing never loads a method of
+        this copy (that would re-initialize what it reads); a buffer no loaded method holds yet is read from
+        a throwaway copy of the program, which shows the value this copy will start it from."""
+        holders = {m: s.buffers for m, s in self._lowered.methods.items()}
+        out = {}
+        fresh: SharedStateLoaded | None = None
+        for fqn in sorted(set().union(*holders.values())):
+            source: SharedStateLoaded = self
+            method = next((m for m in self._loaded if fqn in holders[m]), None)
+            if method is None:
+                fresh = fresh or SharedStateLoaded(self._lowered)
+                source, method = fresh, next(m for m in holders if fqn in holders[m])
+            out[fqn] = source._method(method)._method.get_attribute(fqn).clone()
+        return out
+
+
+class PteBackend(Backend):
+    """Portable kernels, constants inside the .pte: executorch's defaults."""
+
+    name = "pte"
+    capabilities = frozenset({Capability.EXECUTE})
+
+    @classmethod
+    def availability(cls) -> Availability:
+        if importlib.util.find_spec("executorch") is None:
+            return Availability(False, "executorch is not installed")
+        return Availability(True, versions={d: package_version(d) or "?" for d in ("executorch", "torch")})
+
+    def partitioners(self) -> list[Any]:
+        return []
+
+    def transform_passes(self) -> list[Any]:
+        return []
+
+    def config(self) -> ExecutorchBackendConfig:
+        from executorch.exir import ExecutorchBackendConfig
+
+        return ExecutorchBackendConfig()
+
+    def lower(self, programs: dict[str, ExportedProgram], workdir: Path) -> PteLowered:
+        with _quiet():
+            from executorch.exir import to_edge_transform_and_lower
+
+            edge = to_edge_transform_and_lower(
+                programs, transform_passes=self.transform_passes(), partitioner=self.partitioners()
+            )
+            et = edge.to_executorch(self.config())
+        path = workdir / "program.pte"
+        with path.open("wb") as f:
+            et.write_to_file(f)
+        data_dir = workdir / "data"
+        data_dir.mkdir(exist_ok=True)
+        for stale in data_dir.glob("*.ptd"):  # an earlier lowering into the same folder
+            stale.unlink()
+        et.write_tensor_data_to_file(str(data_dir))
+        data = sorted(data_dir.glob("*.ptd"))
+        if len(data) > 1:  # Runtime.load_program takes one .ptd
+            raise NotImplementedError(f"lowering wrote {len(data)} .ptd files, the runtime loads one: {data}")
+        methods = _signatures({m: et.exported_program(m) for m in programs})
+        return PteLowered(path, data[0] if data else None, methods)
+
+    def load(self, lowered: Lowered) -> PteLoaded:
+        assert isinstance(lowered, PteLowered)
+        return PteLoaded(lowered)
+
+
+class XnnpackBackend(PteBackend):
+    """The XNNPACK delegate: its weights become named data keyed by the sha256 of their bytes."""
+
+    name = "pte-xnnpack"
+
+    def partitioners(self) -> list[Any]:
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+        return [XnnpackPartitioner()]
+
+
+class ExternalConstantsBackend(PteBackend):
+    """``external_constants=True``: parameters and buffers go to a .ptd by FQN; lifted constants stay."""
+
+    name = "pte-external"
+
+    def config(self) -> ExecutorchBackendConfig:
+        from executorch.exir import ExecutorchBackendConfig
+
+        return ExecutorchBackendConfig(external_constants=True)
+
+
+class SharedStateBackend(PteBackend):
+    """Mutable buffers with one FQN get one allocation across methods, named and starting from eager values:
+    the upstream recipe for a KV cache shared by prefill and decode."""
+
+    name = "pte-shared-state"
+    capabilities = frozenset({Capability.EXECUTE, Capability.STATE})
+
+    def transform_passes(self) -> list[Any]:
+        from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
+
+        # Patterns match placeholder names by substring and only affect mutable buffers: "" means all of them.
+        return [InitializedMutableBufferPass([""])]
+
+    def config(self) -> ExecutorchBackendConfig:
+        from executorch.exir import ExecutorchBackendConfig
+        from executorch.exir.passes import MemoryPlanningPass
+
+        # A fresh planning pass per lowering: it keeps cross-method state and refuses to be reused.
+        return ExecutorchBackendConfig(
+            memory_planning_pass=MemoryPlanningPass(share_mutable_buffers=True),
+            emit_mutable_buffer_names=True,
+        )
+
+    def load(self, lowered: Lowered) -> SharedStateLoaded:
+        assert isinstance(lowered, PteLowered)
+        return SharedStateLoaded(lowered)
+
+
+def _load_program(lowered: PteLowered) -> Program:
+    with _quiet():
+        from executorch.runtime import Runtime
+
+        return Runtime.get().load_program(lowered.path, data_path=lowered.data_path)
+
+
+def _signatures(programs: dict[str, ExportedProgram]) -> dict[str, MethodSignature]:
+    from torch.export.graph_signature import InputKind, OutputKind
+
+    mutable = {fqn for ep in programs.values() for fqn in ep.graph_signature.buffers_to_mutate.values()}
+    out = {}
+    for method, ep in programs.items():
+        sig = ep.graph_signature
+        user = [s.arg.name for s in sig.input_specs if s.kind == InputKind.USER_INPUT]
+        # The emitter drops buffer-mutation outputs (written back in place) and keeps the rest in order.
+        emitted = [s for s in sig.output_specs if s.kind != OutputKind.BUFFER_MUTATION]
+        mutations = {
+            i: user.index(s.target)
+            for i, s in enumerate(emitted)
+            if s.kind == OutputKind.USER_INPUT_MUTATION and s.target is not None
+        }
+        buffers = frozenset(fqn for fqn in sig.inputs_to_buffers.values() if fqn in mutable)
+        out[method] = MethodSignature(mutations, buffers)
+    return out
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """executorch warns on import (importlib.resources) and on every mutated buffer; under ``-W error`` the
+    suite must judge what the program computes, not the toolchain's notices."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield

@@ -1,0 +1,111 @@
+"""Hypothesis strategies for programs that collide on purpose, for the fuzz test and your own ``@given``.
+
+Names come from small pools, so methods keep reusing ``w``, ``_tensor_constant0`` and friends with other
+tensors; seeds come from a small range, so equal tensors under other names happen too. Every program drawn
+is valid (nothing a correct backend may reject): mutable buffers are shared (one FQN) or private with a
+name no other method uses, and no name contains ``/``. A method reads every constant it owns, and every
+method runs at least once. Shrinking goes towards two methods, fewer constants and the first names of each
+pool.
+
+    from hypothesis import given
+    from pytest_ptn.strategies import program_specs
+
+    @given(program_specs(max_methods=3))
+    def test_my_backend(spec): ...
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from pytest_ptn.spec import Constant, Method, ProgramSpec, Write
+
+METHOD_NAMES = ("prefill", "decode", "encoder", "decoder", "forward", "step", "m6", "m7")
+CONSTANT_NAMES = ("w", "_tensor_constant0", "bias")
+SHARED_NAMES = ("kv", "weight", "cache")
+DTYPES = ("float32", "float16", "int32", "int64")
+SHAPES = ((4,), (16,), (2, 4), (4, 4))
+
+
+@st.composite
+def constants(draw: st.DrawFn, name: str, shared: bool = False) -> Constant:
+    """One read-only constant named ``name`` of any family (literals and scalars only inside a method)."""
+    families = (
+        ("parameter", "buffer", "attribute")
+        if shared
+        else ("parameter", "buffer", "attribute", "literal", "scalar")
+    )
+    family = draw(st.sampled_from(families))
+    seed = draw(st.integers(0, 3))
+    if family == "scalar":
+        return Constant(name, "scalar", shape=(), values=(float(seed) + 0.5,))
+    dtype = draw(st.sampled_from(DTYPES if family != "parameter" else DTYPES[:2]))
+    shape = draw(st.sampled_from(SHAPES))
+    persistent = family != "buffer" or draw(st.booleans())
+    return Constant(name, family, dtype=dtype, shape=shape, seed=seed, persistent=persistent)
+
+
+@st.composite
+def program_specs(
+    draw: st.DrawFn, max_methods: int = 4, max_constants: int = 3, max_calls: int = 6
+) -> ProgramSpec:
+    n_methods = draw(st.integers(min(2, max_methods), max_methods))  # collisions need two methods
+    method_names = METHOD_NAMES[:n_methods]
+    shared_names = draw(st.lists(st.sampled_from(SHARED_NAMES), unique=True, max_size=2))
+    shared_state = {n for n in shared_names if draw(st.booleans())}
+    shared = tuple(
+        Constant(n, "buffer", shape=(4,), seed=draw(st.integers(0, 3)))
+        if n in shared_state
+        else draw(constants(n, shared=True))
+        for n in shared_names
+    )
+    methods = []
+    for name in method_names:
+        named = st.sampled_from(CONSTANT_NAMES).flatmap(
+            constants
+        )  # name and tensor drawn together shrink together
+        own = draw(st.lists(named, unique_by=lambda c: c.name, min_size=1, max_size=max_constants))
+        writes = []
+        if draw(st.booleans()):  # private state: a name no other method can use
+            own.append(Constant(f"{name}_state", "buffer", shape=(4,), seed=draw(st.integers(0, 3))))
+            writes.append(Write(f"{name}_state", "add"))
+        for target in sorted(shared_state):
+            if draw(st.booleans()):
+                writes.append(Write(target, "add"))
+        shared_reads = draw(st.lists(st.sampled_from(shared_names), unique=True)) if shared_names else []
+        reads = tuple(c.name for c in own) + tuple(shared_reads)  # a constant nobody reads is noise
+        methods.append(Method(name, tuple(own), reads=reads, writes=tuple(writes)))
+    calls = draw(st.lists(st.sampled_from(method_names), max_size=max_calls))
+    calls += [m for m in method_names if m not in calls]  # every method runs at least once
+    return ProgramSpec(methods=tuple(methods), shared=shared, calls=tuple(calls))
+
+
+def _register_profiles() -> None:
+    from hypothesis import HealthCheck, settings
+    from hypothesis.database import DirectoryBasedExampleDatabase
+
+    common = settings(deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
+    # Both pin derandomize and database: a profile that leaves them out inherits hypothesis's CI defaults.
+    settings.register_profile("ptn-ci", max_examples=12, derandomize=True, database=None, parent=common)
+    settings.register_profile(
+        "ptn-nightly",
+        max_examples=400,
+        derandomize=False,
+        database=DirectoryBasedExampleDatabase(".hypothesis/ptn"),
+        parent=common,
+    )
+
+
+_register_profiles()
+PROFILES = ("ptn-ci", "ptn-nightly")
+
+
+def reproducer(spec: ProgramSpec) -> str:
+    """A pytest test reproducing ``spec`` on the backend given with ``--ptn-backend``."""
+    return (
+        "from pytest_ptn import *  # noqa: F403\n"
+        "from pytest_ptn.harness import check_spec\n\n\n"
+        "def test_reproducer(ptn_backend, tmp_path):\n"
+        f"    spec = {spec!r}\n"
+        "    assert not check_spec(ptn_backend, spec, tmp_path)\n"
+    )

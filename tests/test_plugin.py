@@ -1,0 +1,429 @@
+"""The pytest plugin as a backend author meets it: options, header, errors, collection, ids, expectations.
+
+Every run selects one to three scenarios with ``-m``/``-k`` so that it lowers little; runs whose outcome
+travels from xdist workers to the controller (collection, SHOULD outcomes, known-failure markers) are made
+both without xdist and with ``-n 2``.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from pytest_ptn.catalogue import tagged
+from pytest_ptn.plugin import suite_path
+
+TESTS = Path(__file__).resolve().parent
+SUITE = suite_path()
+REJECTS = sorted(s.name for s in tagged("reject"))
+X1_NAMES = [f"test_rejection_names_method_and_key[reference-{name}]" for name in REJECTS]
+QUIET = ("-p", "no:cacheprovider")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def warm() -> None:
+    """Lower and load one program in this process before any in-process run.
+
+    ``runpytest_inprocess`` drops every module a run imported; torch imports much of its export machinery
+    lazily on the first export, and a half-dropped torch breaks later exports. Importing it here keeps it.
+    Hypothesis too: its pytest plugin imports it in every run, and each fresh import is assertion-rewritten
+    anew (pytest rewrites every package of a plugin's distribution), which costs seconds per run.
+    """
+    import hypothesis  # noqa: F401
+
+    from pytest_ptn.backends.reference import ReferenceBackend
+    from pytest_ptn.catalogue import BY_NAME
+    from pytest_ptn.harness import Case
+
+    with tempfile.TemporaryDirectory() as tmp:
+        case = Case(ReferenceBackend(), BY_NAME["single_method"], lambda name: Path(tmp), {}, {})
+        case.run_sequence(case.load())
+        case.exported()
+
+
+@pytest.fixture(params=[[], ["-n", "2"]], ids=["serial", "xdist"])
+def mode(request: pytest.FixtureRequest) -> list[str]:
+    return request.param
+
+
+@pytest.fixture
+def broken(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    """``broken_backends`` importable in this process and in xdist workers.
+
+    xdist sets a local worker's ``sys.path`` to the controller's sys.path *as it was at interpreter start*
+    (xdist.plugin._sys_path), so neither syspath_prepend nor PYTHONPATH reaches the workers; the
+    ``pythonpath`` ini option does, since every worker reads the ini file before the plugin resolves its
+    backends.
+    """
+    monkeypatch.syspath_prepend(str(TESTS))
+    pytester.makeini(f"[pytest]\npythonpath = {TESTS}\n")
+    return pytester
+
+
+def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    return pytester.runpytest_inprocess(*QUIET, *args)
+
+
+def glob(text: str) -> str:
+    """``text`` as an fnmatch pattern that matches only itself (test ids hold brackets)."""
+    return re.sub(r"([\[\]*?])", r"[\1]", text)
+
+
+def junit_cases(path: Path) -> dict[str, list[tuple[str, str]]]:
+    """testcase name -> its (name, value) properties."""
+    return {
+        case.get("name", ""): [(p.get("name", ""), p.get("value", "")) for p in case.iter("property")]
+        for case in ET.parse(path).getroot().iter("testcase")
+    }
+
+
+# --- options, header, errors ---------------------------------------------------------------------------
+
+
+def test_help_lists_the_ptn_options(pytester: pytest.Pytester) -> None:
+    result = run(pytester, "--help")
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(
+        [
+            "pytest-ptn: ExecuTorch backend conformance:",
+            "*--ptn-backend=NAME*",
+            "*--ptn-expectations=PATH*",
+            "*--ptn-no-expectations*",
+            "*--ptn-report=DIR*",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        ["  ptn_backends (linelist):*", "*backends to run when --ptn-backend is not given"]
+    )
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--co"]], ids=["help", "collect-only"])
+def test_loading_the_plugin_imports_neither_torch_nor_executorch(
+    pytester: pytest.Pytester, args: list[str]
+) -> None:
+    pytester.makepyfile(test_plain="def test_nothing():\n    pass\n")
+    result = pytester.run(sys.executable, "-X", "importtime", "-m", "pytest", *QUIET, *args)
+    assert result.ret == pytest.ExitCode.OK
+    imported = [
+        line.rsplit("|", 1)[-1].strip() for line in result.stderr.lines if line.startswith("import time:")
+    ]
+    assert "pytest_ptn.expectations" in imported, "the plugin was not loaded at all"
+    heavy = [m for m in imported if m.split(".")[0] in ("torch", "executorch")]
+    assert not heavy, f"loading the plugin imported {heavy[:5]}"
+
+
+def test_header_names_the_requested_backend_with_versions(pytester: pytest.Pytester) -> None:
+    result = run(pytester, "--ptn-backend=reference", "--co", "-m", "P6")
+    result.stdout.fnmatch_lines(
+        ["ptn: conformance spec v1*", "ptn backend reference: available (torch *, safetensors *)"]
+    )
+
+
+def test_unknown_backend_is_a_usage_error_listing_installed_ones(pytester: pytest.Pytester) -> None:
+    result = run(pytester, "--ptn-backend=no-such-backend")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*unknown backend 'no-such-backend' (installed: *reference*)*"])
+
+
+def test_unimportable_module_class_backend_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    result = run(pytester, "--ptn-backend=no_such_module_anywhere:Backend")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*cannot import backend 'no_such_module_anywhere:Backend'*"])
+
+
+def test_unavailable_backend_fails_the_run_with_its_reason(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        ptn_unavailable_backend="""
+        from pytest_ptn.backend import Availability
+        from pytest_ptn.backends.reference import ReferenceBackend
+
+        class NeedsSDK(ReferenceBackend):
+            name = "needs-sdk"
+
+            @classmethod
+            def availability(cls):
+                return Availability(False, "the frobnicator SDK is not installed")
+        """
+    )
+    pytester.syspathinsert()
+    result = run(pytester, "--ptn-backend=ptn_unavailable_backend:NeedsSDK", "-m", "P6")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        [
+            "*--ptn-backend=ptn_unavailable_backend:NeedsSDK is unavailable*: "
+            "the frobnicator SDK is not installed*"
+        ]
+    )
+    result.stdout.no_fnmatch_line("*skipped*")
+    result.stdout.no_fnmatch_line("*passed*")
+
+
+# --- collection ------------------------------------------------------------------------------------------
+
+
+def test_empty_folder_runs_the_installed_suite(pytester: pytest.Pytester, mode: list[str]) -> None:
+    """The empty-folder run: same ids with and without xdist; user_properties reach the JUnit XML."""
+    assert not list(pytester.path.iterdir())
+    result = run(pytester, "--ptn-backend=reference", "-m", "X1", "--junitxml=junit.xml", "-rp", *mode)
+    assert result.ret == pytest.ExitCode.OK
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("passed") == len(REJECTS) and "failed" not in outcomes, outcomes
+    result.stdout.fnmatch_lines(["ptn backend reference: available (torch *"])
+    passed = [
+        line.split("::", 1)[1]
+        for line in result.stdout.lines
+        if line.startswith("PASSED test_rejection.py::")
+    ]
+    assert sorted(passed) == X1_NAMES
+    cases = junit_cases(pytester.path / "junit.xml")
+    assert sorted(cases) == X1_NAMES
+    for name, properties in cases.items():
+        scenario = name.split("-", 1)[1].rstrip("]")
+        assert ("ptn_rule", "X1") in properties
+        assert ("ptn_backend", "reference") in properties
+        assert ("ptn_scenario", scenario) in properties
+        repro = dict(properties)["ptn_repro"]
+        assert repro.startswith("pytest ") and repro.endswith(" --ptn-backend=reference")
+        assert f"test_rejection.py::{name}" in repro
+
+
+def test_without_a_backend_an_empty_folder_collects_nothing(pytester: pytest.Pytester) -> None:
+    result = run(pytester)
+    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
+    result.stdout.fnmatch_lines(["collected 0 items"])
+    result.stdout.no_fnmatch_line("ptn*")  # no header either: the plugin stays out of runs that do not use it
+
+
+def test_backend_with_user_tests_in_the_folder_adds_the_suite(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_mine="def test_mine():\n    pass\n")
+    result = run(
+        pytester, "--ptn-backend=reference", "--co", "-q", "-k", "test_mine or named_state_is_rejected"
+    )
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(["test_mine.py::test_mine", "*test_method_named_state_is_rejected*"])
+
+
+@pytest.mark.parametrize("target", ["suite", "file"])
+def test_explicit_path_does_not_add_the_suite_twice(pytester: pytest.Pytester, target: str) -> None:
+    assert SUITE is not None
+    path = SUITE if target == "suite" else SUITE / "test_rejection.py"
+    result = run(pytester, "--ptn-backend=reference", "--co", "-q", "-m", "P6", str(path))
+    assert result.ret == pytest.ExitCode.OK
+    ids = [line for line in result.stdout.lines if "::" in line]
+    assert len(ids) == 1 and ids[0].endswith(
+        "test_method_named_state_is_rejected[reference-method_named_state]"
+    )
+
+
+def test_explicit_other_path_does_not_collect_the_suite(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_mine="def test_mine():\n    pass\n")
+    result = run(pytester, "--ptn-backend=reference", "--co", "-q", "test_mine.py")
+    assert result.ret == pytest.ExitCode.OK
+    assert [line for line in result.stdout.lines if "::" in line] == ["test_mine.py::test_mine"]
+
+
+def test_rule_markers_are_registered(pytester: pytest.Pytester) -> None:
+    from pytest_ptn.ruleset import RULES
+
+    result = run(pytester, "--markers")
+    result.stdout.fnmatch_lines(
+        [f"@pytest.mark.{r.id}: conformance rule {r.id} ({r.level}): *" for r in RULES.values()]
+    )
+    result.stdout.fnmatch_lines(["@pytest.mark.ptn_scenarios(tag): *"])
+
+
+def test_rule_marker_selects_only_that_rule_and_ids_name_backend_and_scenario(
+    pytester: pytest.Pytester,
+) -> None:
+    result = run(pytester, "--ptn-backend=reference", "--co", "-q", "-m", "P6")
+    assert result.ret == pytest.ExitCode.OK
+    ids = [line for line in result.stdout.lines if "::" in line]
+    assert len(ids) == 1, ids
+    assert ids[0].endswith(
+        "test_rejection.py::test_method_named_state_is_rejected[reference-method_named_state]"
+    )
+
+
+def test_ini_ptn_backends_works_like_the_option(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\nptn_backends =\n    reference\n")
+    result = run(pytester, "--co", "-q", "-m", "P6")
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(
+        ["*" + glob("test_method_named_state_is_rejected[reference-method_named_state]")]
+    )
+    header = run(pytester, "--co", "-m", "P6")
+    header.stdout.fnmatch_lines(["ptn backend reference: available (torch *"])
+
+
+# --- SHOULD rules -------------------------------------------------------------------------------------
+
+
+def test_should_rule_failure_is_xfailed_and_shown_in_the_matrix(
+    broken: pytest.Pytester, mode: list[str]
+) -> None:
+    result = run(
+        broken, "--ptn-backend=broken_backends:Nondeterministic", "-m", "P9", "-k", "single_method", *mode
+    )
+    assert result.ret == pytest.ExitCode.OK
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("xfailed") == 1 and "failed" not in outcomes, outcomes
+    result.stdout.fnmatch_lines(
+        [
+            "*= ptn conformance (spec v1) =*",
+            "*broken_backends:Nondeterministic*",
+            "SHOULD rules",
+            "  P9 *deterministic *1F",
+            "legend: *",
+        ]
+    )
+
+
+# --- expectations ---------------------------------------------------------------------------------------
+
+LINK = "https://example.org/bug/1"
+
+
+def expectations_file(pytester: pytest.Pytester, backend: str, entry: str) -> Path:
+    return pytester.makefile(".toml", **{f"{backend}-known": f'backend = "{backend}"\n\n[[xfail]]\n{entry}'})
+
+
+X1_ANY = f'rule = "X1"\nscenario = "*"\nreason = "messages are vague"\nlink = "{LINK}"\n'
+
+
+def test_expectations_turn_known_failures_into_xfails(broken: pytest.Pytester) -> None:
+    path = expectations_file(broken, "broken-x1", X1_ANY)
+    result = run(
+        broken, "--ptn-backend=broken_backends:VagueErrors", "-m", "X1", f"--ptn-expectations={path}"
+    )
+    assert result.ret == pytest.ExitCode.OK
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("xfailed") == len(REJECTS) and "failed" not in outcomes, outcomes
+    result.stdout.fnmatch_lines([f"ptn expectations for broken-x1: {path} (1 known failures)"])
+    result.stdout.fnmatch_lines(["  X1 *clear rejection *3x"])
+
+
+def test_no_expectations_makes_known_failures_fail(broken: pytest.Pytester) -> None:
+    path = expectations_file(broken, "broken-x1", X1_ANY)
+    result = run(
+        broken,
+        "--ptn-backend=broken_backends:VagueErrors",
+        "-m",
+        "X1",
+        f"--ptn-expectations={path}",
+        "--ptn-no-expectations",
+    )
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    assert result.parseoutcomes().get("failed") == len(REJECTS)
+    result.stdout.fnmatch_lines(["*ValueError: 'invalid program' does not name*"])
+
+
+def test_expectation_that_passes_is_stale_and_fails_the_run(pytester: pytest.Pytester) -> None:
+    path = expectations_file(pytester, "reference", X1_ANY)
+    result = run(
+        pytester,
+        "--ptn-backend=reference",
+        "-m",
+        "X1",
+        "-k",
+        "method_named_state",
+        f"--ptn-expectations={path}",
+    )
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    assert result.parseoutcomes().get("failed") == 1
+    result.stdout.fnmatch_lines(["*XPASS(strict)*known failure of reference on X1*stale*"])
+
+
+def test_expectations_for_another_backend_do_not_apply(pytester: pytest.Pytester) -> None:
+    path = expectations_file(pytester, "broken-x1", X1_ANY)
+    result = run(pytester, "--ptn-backend=reference", "-m", "P6", f"--ptn-expectations={path}")
+    assert result.ret == pytest.ExitCode.OK
+    assert result.parseoutcomes().get("passed") == 1
+
+
+ENTRY = 'backend = "reference"\n\n[[xfail]]\n'
+
+
+@pytest.mark.parametrize(
+    ("text", "complaint"),
+    [
+        (ENTRY + X1_ANY.replace('"X1"', '"Z9"'), "*xfail #1: unknown rule 'Z9'*"),
+        (ENTRY + X1_ANY.replace(f'link = "{LINK}"\n', ""), "*xfail #1: missing link*"),
+        (
+            ENTRY + X1_ANY.replace('"*"', '"no_such_scenario"'),
+            "*xfail #1: unknown scenario 'no_such_scenario'*",
+        ),
+        (X1_ANY, "*'backend' must name the backend*"),
+        (ENTRY + "rule = \n", "*"),
+        ('backend = "reference"\nrequires = { torch = "not a specifier" }\n', "*requires.torch*"),
+        ('backend = "reference"\nxfail = ["X1"]\n', "*'xfail' must be an array of tables*"),
+        ('backend = "reference"\nrequires = "torch"\n', "*'requires' must be a table*"),
+    ],
+    ids=[
+        "unknown-rule",
+        "missing-link",
+        "unknown-scenario",
+        "no-backend",
+        "bad-toml",
+        "bad-specifier",
+        "xfail-not-tables",
+        "requires-not-a-table",
+    ],
+)
+def test_malformed_expectations_are_a_usage_error_naming_the_file(
+    pytester: pytest.Pytester, text: str, complaint: str
+) -> None:
+    path = pytester.makefile(".toml", bad=text)
+    result = run(pytester, "--ptn-backend=reference", "-m", "P6", f"--ptn-expectations={path}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*--ptn-expectations: {path}*"])
+    result.stderr.fnmatch_lines([complaint])
+
+
+def test_stale_expectation_on_a_should_rule_fails_the_run(pytester: pytest.Pytester) -> None:
+    entry = f'rule = "P9"\nscenario = "single_method"\nreason = "not deterministic"\nlink = "{LINK}"\n'
+    path = expectations_file(pytester, "reference", entry)
+    result = run(
+        pytester,
+        "--ptn-backend=reference",
+        "-m",
+        "P9",
+        "-k",
+        "single_method",
+        f"--ptn-expectations={path}",
+        "-rxX",
+    )
+    result.stdout.no_fnmatch_line("*SHOULD rule P9 not met*")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*XPASS(strict)*stale*"])
+
+
+# --- several backends in one run --------------------------------------------------------------------------
+
+
+def test_two_backends_with_one_name_are_lowered_separately(broken: pytest.Pytester) -> None:
+    broken.makepyfile(
+        ptn_same_name="""
+        from broken_backends import NotNamespaced
+
+        class Patched(NotNamespaced):
+            name = "reference"  # e.g. a patched copy of an installed backend, run next to it
+        """
+    )
+    broken.syspathinsert()
+    result = run(
+        broken,
+        "--ptn-backend=reference",
+        "--ptn-backend=ptn_same_name:Patched",
+        "-m",
+        "P1",
+        "-k",
+        "single_method",
+    )
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("passed") == 1 and outcomes.get("failed") == 1, outcomes
+    result.stdout.fnmatch_lines(["FAILED *" + glob("[ptn_same_name:Patched-single_method]") + "*"])

@@ -1,0 +1,58 @@
+"""The fuzz strategies find a name-sharing loader and shrink to the smallest program that shows it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from broken_backends import BindsByKey
+from hypothesis import HealthCheck, find, given, settings
+
+from pytest_ptn.harness import check_spec
+from pytest_ptn.spec import ProgramSpec
+from pytest_ptn.strategies import program_specs, reproducer
+
+
+@settings(max_examples=50, deadline=None, derandomize=True, database=None)
+@given(program_specs())
+def test_generated_programs_are_valid(spec: ProgramSpec) -> None:
+    """Every draw is a program a correct backend must accept: the rules planner never rejects it."""
+    from pytest_ptn.exported import constants_of
+    from pytest_ptn.harness import functionalize
+    from pytest_ptn.programs import Program
+    from pytest_ptn.rules import plan_package
+
+    plan_package({m: constants_of(ep) for m, ep in functionalize(Program(spec).export()).items()})
+
+
+def test_name_sharing_loader_shrinks_to_two_methods_one_constant_each(
+    tmp_path: Path, warm_torch: None
+) -> None:
+    backend = BindsByKey()
+    tmp = iter(range(10**6))
+
+    def wrong(spec: ProgramSpec) -> bool:
+        workdir = tmp_path / str(next(tmp))
+        workdir.mkdir()
+        try:
+            return bool(check_spec(backend, spec, workdir))
+        except Exception:  # a tensor of the wrong shape bound by name breaks the graph: also wrong
+            return True
+
+    smallest = find(
+        program_specs(max_methods=3, max_constants=2, max_calls=2),
+        wrong,
+        settings=settings(
+            max_examples=60,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        ),
+    )
+    print(reproducer(smallest))
+    assert len(smallest.methods) <= 2
+    assert all(len(m.constants) <= 1 and len(m.reads) <= 1 for m in smallest.methods), reproducer(smallest)
+    assert len(smallest.methods) == 2, "one method alone cannot read another's constant"
+    namespace: dict = {}
+    exec(reproducer(smallest), namespace)  # the reproducer is valid code defining a test
+    assert callable(namespace["test_reproducer"])
