@@ -122,6 +122,26 @@ SCENARIOS: tuple[Scenario, ...] = (
         "collision",
     ),
     _s(
+        "same_metadata_different_bytes_fp16",
+        "The same collision in float16 weights. ExecuTorch's external-constants mode can lower these (the "
+        "dtype cast copies the weight) and then keeps one `.ptd` entry per FQN for both methods.",
+        ProgramSpec(
+            methods=(
+                Method(
+                    "prefill",
+                    (Constant("weight", "parameter", dtype="float16", shape=(4, 4), seed=5),),
+                    reads=("weight",),
+                ),
+                Method(
+                    "decode",
+                    (Constant("weight", "parameter", dtype="float16", shape=(4, 4), seed=6),),
+                    reads=("weight",),
+                ),
+            ),
+        ),
+        "collision",
+    ),
+    _s(
         "total_collision",
         "Every constant name of `decode` is already used by `prefill`: `weight` and `_tensor_constant0` "
         "differ, "

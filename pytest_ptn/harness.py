@@ -100,6 +100,19 @@ class Case:
         m = self.scenario.spec.method(method)
         return [*m.reads, *(["cond"] if m.branch else [])] or ["x.sum()"]
 
+    def _owners(self, method: str, inputs: tuple[torch.Tensor, ...]) -> dict[str, list[tuple[str, float]]]:
+        """For each name ``method`` reads: what the value would be with another method's tensor of that name
+        (so a failure can say whose weights a method read)."""
+        from pytest_ptn.programs import make_tensor, weighted_sum
+
+        xs = float(inputs[0].sum())
+        out: dict[str, list[tuple[str, float]]] = {}
+        for other in self.scenario.spec.methods:
+            for c in other.constants:
+                if other.name != method and c.family not in ("literal", "scalar"):
+                    out.setdefault(c.name, []).append((other.name, float(weighted_sum(make_tensor(c))) + xs))
+        return out
+
     def run_sequence(self, loaded: Loaded, calls: list[EagerCall] | None = None) -> list[Mismatch]:
         """Run the call sequence on ``loaded``; every way it differs from eager."""
         import torch
@@ -118,7 +131,8 @@ class Case:
                 if have.shape != want.shape or not torch.allclose(
                     have.to(want.dtype), want, rtol=1e-5, atol=1e-5
                 ):
-                    mismatches.append(Mismatch(i, call.method, _describe(names, want, have)))
+                    detail = _describe(names, want, have, self._owners(call.method, call.inputs))
+                    mismatches.append(Mismatch(i, call.method, detail))
             for j, (want, have) in enumerate(zip(call.inputs_after, given, strict=True)):
                 if not torch.allclose(have, want, rtol=1e-5, atol=1e-5):
                     mismatches.append(
@@ -129,14 +143,18 @@ class Case:
         return mismatches
 
 
-def _describe(names: list[str], want: torch.Tensor, have: torch.Tensor) -> str:
+def _describe(
+    names: list[str], want: torch.Tensor, have: torch.Tensor, owners: dict[str, list[tuple[str, float]]]
+) -> str:
     if have.shape != want.shape:
         return f"output shape {tuple(have.shape)}, eager {tuple(want.shape)}"
     parts = []
     for k, name in enumerate(names[: want.numel()]):
         w, h = float(want.reshape(-1)[k]), float(have.reshape(-1)[k])
         if abs(w - h) > 1e-5 * max(1.0, abs(w)):
-            parts.append(f"value {k} (reads {name!r}) is {h:.6g}, eager {w:.6g}")
+            whose = [m for m, v in owners.get(name, []) if abs(v - h) <= 1e-4 * max(1.0, abs(v))]
+            seen = f": it read method {whose[0]!r}'s {name!r}" if whose else ""
+            parts.append(f"value {k} (reads {name!r}) is {h:.6g}, eager {w:.6g}{seen}")
     return "; ".join(parts) or f"output {_fmt(have)}, eager {_fmt(want)}"
 
 
