@@ -202,6 +202,26 @@ SCENARIOS: tuple[Scenario, ...] = (
         "buffers",
     ),
     _s(
+        "write_only_buffer",
+        "`save` copies into `shared.last` without ever reading it; `load` reads it. A lowering that drops "
+        "buffers a method never reads loses the write.",
+        ProgramSpec(
+            methods=(
+                Method(
+                    "save",
+                    (Constant("t", "literal", values=_vals(1, 2, 3, 4)),),
+                    reads=("t",),
+                    writes=(Write("last", "copy"),),
+                ),
+                Method("load", reads=("last",)),
+            ),
+            shared=(Constant("last", "buffer", shape=(4,), values=_vals(5, 5, 5, 5)),),
+            calls=("load", "save", "load"),
+        ),
+        "shared_state",
+        "buffers",
+    ),
+    _s(
         "nonpersistent_readonly",
         "A read-only non-persistent buffer holding `arange(8)`: it must not start zero-filled.",
         ProgramSpec(
