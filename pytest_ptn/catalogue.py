@@ -142,6 +142,19 @@ SCENARIOS: tuple[Scenario, ...] = (
         "collision",
     ),
     _s(
+        "torchao_int8_weights",
+        "A torchao int8 weight-only `proj` in each method: `proj.parametrizations.weight.original0..2` "
+        "(int8 data, scales, zero points) collide across methods with other values.",
+        ProgramSpec(
+            methods=(
+                Method("prefill", (Constant("proj", "int8_linear", shape=(4, 4), seed=20),), reads=("proj",)),
+                Method("decode", (Constant("proj", "int8_linear", shape=(4, 4), seed=21),), reads=("proj",)),
+            ),
+        ),
+        "collision",
+        needs=("torchao",),
+    ),
+    _s(
         "total_collision",
         "Every constant name of `decode` is already used by `prefill`: `weight` and `_tensor_constant0` "
         "differ, "

@@ -255,6 +255,8 @@ def ptn_case(
     from pytest_ptn.harness import Case
 
     skip_if_not_applicable(request.node, ptn_backend)
+    if "torchao" in ptn_scenario.needs and importlib.util.find_spec("torchao") is None:
+        pytest.skip(f"not applicable: {ptn_scenario.name} needs torchao (pip install torchao)")
     reason = ptn_backend.unsupported(ptn_scenario)
     if reason:
         pytest.skip(f"not applicable: {ptn_backend.name} cannot express {ptn_scenario.name}: {reason}")

@@ -42,6 +42,19 @@ def _register(module: nn.Module, c: Constant) -> None:
         module.register_buffer(c.name, value, persistent=c.persistent)
     elif c.family == "attribute":
         object.__setattr__(module, c.name, value)
+    elif c.family == "int8_linear":
+        linear = nn.Linear(c.shape[1], c.shape[0], bias=False)
+        linear.weight.data = value.to(torch.float32)
+        module.add_module(c.name, linear)
+
+
+def _quantize(module: nn.Module, constants: tuple[Constant, ...]) -> None:
+    """torchao int8 weight-only quantization of the module's own ``int8_linear`` children."""
+    names = {c.name for c in constants if c.family == "int8_linear"}
+    if names:
+        from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+        quantize_(module, Int8WeightOnlyConfig(), filter_fn=lambda m, fqn: fqn in names)
 
 
 class SharedConstants(nn.Module):
@@ -51,6 +64,7 @@ class SharedConstants(nn.Module):
         super().__init__()
         for c in spec.shared:
             _register(self, c)
+        _quantize(self, spec.shared)
 
 
 class MethodModule(nn.Module):
@@ -66,6 +80,7 @@ class MethodModule(nn.Module):
         self._values = {c.name: make_tensor(c).tolist() for c in self._specs.values()}
         for c in method.constants:
             _register(self, c)
+        _quantize(self, method.constants)
         if method.branch is not None:
             _register(self, method.branch.on_true)
             _register(self, method.branch.on_false)
@@ -79,6 +94,8 @@ class MethodModule(nn.Module):
             assert isinstance(value, float)
             return x.sum() + value
         owner: nn.Module = self if name in self._private else self.shared
+        if c.family == "int8_linear":
+            return getattr(owner, name)(x)
         return getattr(owner, name)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

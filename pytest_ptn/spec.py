@@ -10,13 +10,16 @@ from dataclasses import dataclass, field, replace
 SHARED = "shared"
 """Owner of constants that live on the root module and so keep one FQN (``shared.<name>``) in every method."""
 
-FAMILIES = ("parameter", "buffer", "attribute", "literal", "scalar")
+FAMILIES = ("parameter", "buffer", "attribute", "literal", "scalar", "int8_linear")
 """How a constant enters the program, and so which name the toolchain gives it:
 
 - ``parameter``/``buffer``: registered on a module, named by FQN (``w``, ``shared.kv``);
 - ``attribute``: a plain tensor attribute, a ``CONSTANT_TENSOR`` named by attribute (``_tensor_constant0``);
 - ``literal``: ``torch.tensor(...)`` built in ``forward``, minted ``lifted_tensor_<i>`` per method;
-- ``scalar``: a Python float in ``forward``, lifted by ExecuTorch to ``_lifted_tensor_constant<i>``.
+- ``scalar``: a Python float in ``forward``, lifted by ExecuTorch to ``_lifted_tensor_constant<i>``;
+- ``int8_linear``: a bias-free ``nn.Linear`` of shape (out, in) quantized by torchao's int8 weight-only
+  config, so its constants are ``<name>.parametrizations.weight.original0..2`` (int8 data, scale, zero point);
+  reading it applies it to ``x``.
 """
 
 WRITE_OPS = ("add", "copy", "index_copy")
