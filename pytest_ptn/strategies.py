@@ -46,11 +46,25 @@ def constants(draw: st.DrawFn, name: str, shared: bool = False) -> Constant:
 
 
 @st.composite
+def _method(
+    draw: st.DrawFn, name: str, shared_names: list[str], shared_state: set[str], max_constants: int
+) -> Method:
+    named = st.sampled_from(CONSTANT_NAMES).flatmap(constants)  # a name and its tensor shrink together
+    own = draw(st.lists(named, unique_by=lambda c: c.name, min_size=1, max_size=max_constants))
+    writes = []
+    if draw(st.booleans()):  # private state: a name no other method can use
+        own.append(Constant(f"{name}_state", "buffer", shape=(4,), seed=draw(st.integers(0, 3))))
+        writes.append(Write(f"{name}_state", "add"))
+    writes += [Write(target, "add") for target in sorted(shared_state) if draw(st.booleans())]
+    shared_reads = draw(st.lists(st.sampled_from(shared_names), unique=True)) if shared_names else []
+    reads = tuple(c.name for c in own) + tuple(shared_reads)  # a constant nobody reads is noise
+    return Method(name, tuple(own), reads=reads, writes=tuple(writes))
+
+
+@st.composite
 def program_specs(
     draw: st.DrawFn, max_methods: int = 4, max_constants: int = 3, max_calls: int = 6
 ) -> ProgramSpec:
-    n_methods = draw(st.integers(min(2, max_methods), max_methods))  # collisions need two methods
-    method_names = METHOD_NAMES[:n_methods]
     shared_names = draw(st.lists(st.sampled_from(SHARED_NAMES), unique=True, max_size=2))
     shared_state = {n for n in shared_names if draw(st.booleans())}
     shared = tuple(
@@ -59,24 +73,17 @@ def program_specs(
         else draw(constants(n, shared=True))
         for n in shared_names
     )
-    methods = []
-    for name in method_names:
-        named = st.sampled_from(CONSTANT_NAMES).flatmap(
-            constants
-        )  # name and tensor drawn together shrink together
-        own = draw(st.lists(named, unique_by=lambda c: c.name, min_size=1, max_size=max_constants))
-        writes = []
-        if draw(st.booleans()):  # private state: a name no other method can use
-            own.append(Constant(f"{name}_state", "buffer", shape=(4,), seed=draw(st.integers(0, 3))))
-            writes.append(Write(f"{name}_state", "add"))
-        for target in sorted(shared_state):
-            if draw(st.booleans()):
-                writes.append(Write(target, "add"))
-        shared_reads = draw(st.lists(st.sampled_from(shared_names), unique=True)) if shared_names else []
-        reads = tuple(c.name for c in own) + tuple(shared_reads)  # a constant nobody reads is noise
-        methods.append(Method(name, tuple(own), reads=reads, writes=tuple(writes)))
-    calls = draw(st.lists(st.sampled_from(method_names), max_size=max_calls))
-    calls += [m for m in method_names if m not in calls]  # every method runs at least once
+    # Methods are drawn as one list (name and body together) so the shrinker can delete any of them, not
+    # only the last: a name fixes the method's private state name whatever else was deleted.
+    method = st.integers(0, len(METHOD_NAMES) - 1).flatmap(
+        lambda i: _method(METHOD_NAMES[i], shared_names, shared_state, max_constants)
+    )
+    methods = draw(
+        st.lists(method, unique_by=lambda m: m.name, min_size=min(2, max_methods), max_size=max_methods)
+    )
+    names = [m.name for m in methods]
+    calls = draw(st.lists(st.sampled_from(names), max_size=max_calls))
+    calls += [m for m in names if m not in calls]  # every method runs at least once
     return ProgramSpec(methods=tuple(methods), shared=shared, calls=tuple(calls))
 
 
