@@ -160,6 +160,16 @@ class Nondeterministic(ReferenceBackend):
         return lowered
 
 
+class _WithLoader(ReferenceBackend):
+    """A reference backend whose loaded programs are ``loaded``, a broken ReferenceLoaded."""
+
+    loaded: type[ReferenceLoaded] = ReferenceLoaded
+
+    def load(self, lowered: Lowered) -> ReferenceLoaded:
+        assert isinstance(lowered, ReferenceLowered)
+        return self.loaded(read_package(lowered.path), lowered.graphs, self.cache)
+
+
 class _KeyedByNameLoaded(ReferenceLoaded):
     """Binds constants program-wide by the key the method uses: the first method to load a key wins."""
 
@@ -170,14 +180,12 @@ class _KeyedByNameLoaded(ReferenceLoaded):
         return by_key[key]
 
 
-class BindsByKey(ReferenceBackend):
+class BindsByKey(_WithLoader):
     """E1: the loader resolves constants by their pre-namespace key, so methods read each other's tensors."""
 
     name = "broken-e1"
 
-    def load(self, lowered: Lowered) -> ReferenceLoaded:
-        assert isinstance(lowered, ReferenceLowered)
-        return _KeyedByNameLoaded(read_package(lowered.path), lowered.graphs, self.cache)
+    loaded = _KeyedByNameLoaded
 
 
 class RejectsCollisions(ReferenceBackend):
@@ -201,14 +209,12 @@ class _StatePerMethodLoaded(ReferenceLoaded):
         return copies.setdefault((method, final), self._state[final].clone())
 
 
-class StateCopiedPerMethod(ReferenceBackend):
+class StateCopiedPerMethod(_WithLoader):
     """E3: every method gets its own copy of shared state (the legacy ExecuTorch Module API)."""
 
     name = "broken-e3"
 
-    def load(self, lowered: Lowered) -> ReferenceLoaded:
-        assert isinstance(lowered, ReferenceLowered)
-        return _StatePerMethodLoaded(read_package(lowered.path), lowered.graphs, self.cache)
+    loaded = _StatePerMethodLoaded
 
 
 class _ArenaLoaded(ReferenceLoaded):
@@ -218,14 +224,12 @@ class _ArenaLoaded(ReferenceLoaded):
         return {k: arena.setdefault((t.dtype, tuple(t.shape)), t) for k, t in state.items()}
 
 
-class SharedArena(ReferenceBackend):
+class SharedArena(_WithLoader):
     """E4: state buffers of one shape share one arena slot (executorch Runtime.load_program, pte F8)."""
 
     name = "broken-e4"
 
-    def load(self, lowered: Lowered) -> ReferenceLoaded:
-        assert isinstance(lowered, ReferenceLowered)
-        return _ArenaLoaded(read_package(lowered.path), lowered.graphs, self.cache)
+    loaded = _ArenaLoaded
 
 
 class _ZeroStateLoaded(ReferenceLoaded):
@@ -233,14 +237,12 @@ class _ZeroStateLoaded(ReferenceLoaded):
         return {k: torch.zeros_like(t) for k, t in super()._initial_state().items()}
 
 
-class ZeroInitState(ReferenceBackend):
+class ZeroInitState(_WithLoader):
     """E5: buffers start zero-filled instead of from their eager values (to_native non-persistent buffers)."""
 
     name = "broken-e5"
 
-    def load(self, lowered: Lowered) -> ReferenceLoaded:
-        assert isinstance(lowered, ReferenceLowered)
-        return _ZeroStateLoaded(read_package(lowered.path), lowered.graphs, self.cache)
+    loaded = _ZeroStateLoaded
 
 
 class _Loader(ReferenceBackend):
@@ -309,14 +311,12 @@ class _TrustsNamesLoaded(ReferenceLoaded):
             by_key.setdefault(i["key"], self._bound[method][i["final"]])
 
 
-class TrustsCachedNames(ReferenceBackend):
+class TrustsCachedNames(_WithLoader):
     """S3: no check at all when every constant name of a later method is already cached."""
 
     name = "broken-s3"
 
-    def load(self, lowered: Lowered) -> ReferenceLoaded:
-        assert isinstance(lowered, ReferenceLowered)
-        return _TrustsNamesLoaded(read_package(lowered.path), lowered.graphs, self.cache)
+    loaded = _TrustsNamesLoaded
 
 
 _PROCESS_WIDE: dict[str, torch.Tensor] = {}
@@ -329,14 +329,12 @@ class _ProcessWideLoaded(ReferenceLoaded):
         return _PROCESS_WIDE[final]
 
 
-class ProcessWideByName(ReferenceBackend):
+class ProcessWideByName(_WithLoader):
     """S4: a process-wide cache keyed by name, never cleared: a second program reads the first's constants."""
 
     name = "broken-s4"
 
-    def load(self, lowered: Lowered) -> ReferenceLoaded:
-        assert isinstance(lowered, ReferenceLowered)
-        return _ProcessWideLoaded(read_package(lowered.path), lowered.graphs, self.cache)
+    loaded = _ProcessWideLoaded
 
 
 class _OrderedLoaded(ReferenceLoaded):
@@ -352,14 +350,12 @@ class _OrderedLoaded(ReferenceLoaded):
         return local.setdefault((method, content), self._allocate(host))
 
 
-class OrderDependent(ReferenceBackend):
+class OrderDependent(_WithLoader):
     """S5: whether constants are shared depends on which method loads first."""
 
     name = "broken-s5"
 
-    def load(self, lowered: Lowered) -> ReferenceLoaded:
-        assert isinstance(lowered, ReferenceLowered)
-        return _OrderedLoaded(read_package(lowered.path), lowered.graphs, self.cache)
+    loaded = _OrderedLoaded
 
 
 class _ReuploadLoaded(ReferenceLoaded):
@@ -374,14 +370,12 @@ class _ReuploadLoaded(ReferenceLoaded):
         return shared
 
 
-class ReuploadToCompare(ReferenceBackend):
+class ReuploadToCompare(_WithLoader):
     """S6: the sharing check allocates a device copy of each constant before deciding."""
 
     name = "broken-s6"
 
-    def load(self, lowered: Lowered) -> ReferenceLoaded:
-        assert isinstance(lowered, ReferenceLowered)
-        return _ReuploadLoaded(read_package(lowered.path), lowered.graphs, self.cache)
+    loaded = _ReuploadLoaded
 
 
 class _RacyCache(rules.SharingCache):
