@@ -1,0 +1,294 @@
+"""AOTInductor compiles of single methods, cached on disk by content so a rerun does not recompile.
+
+A method compiles the way ExecuTorch's AotiBackend does it (``aot_compile`` on ``ep.module()``, weights out
+of the .so in a dense binary blob). The key hashes everything that decides the output: the code of every
+graph, the placeholders' metadata, the graph signature, every constant's metadata and bytes, the torch
+version, the options and the device. An entry holds the wrapper .so, AOTI's dense blob (what the upstream
+CUDA delegate loads), the same constants again one by one in ``weights.bin`` (what a loader binds constant by
+constant, as executorch 1.5.1's per-FQN weights do) and a manifest that ties the exported program's constant
+keys to the container's. Entries are written into a temporary folder and renamed into place, so concurrent
+workers never see half an entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind
+
+from pytest_ptn.exported import constants_of
+from pytest_ptn.rules import digest
+
+CACHE_ENV = "PTN_AOTI_CACHE"
+FORMAT = "pytest-ptn aoti cache 2"
+"""Bumped whenever the layout of an entry changes, so old entries are never misread."""
+ALIGNMENT = 64
+"""AOTI_CONST_ALIGNMENT (aoti_runtime/model_base.h): each constant's slot in the blob AOTI allocates."""
+EXECUTORCH_OPTIONS: dict[str, Any] = {
+    "aot_inductor.package": True,
+    "aot_inductor.package_constants_in_so": False,
+    "aot_inductor.package_constants_on_disk_format": "binary_blob",
+}
+"""What ExecuTorch's AOTI backends set to keep weights out of the .so (mirror main's dense-blob format)."""
+MANIFEST = "manifest.json"
+SO = "model.wrapper.so"
+BLOB = "weights.blob"
+WEIGHTS = "weights.bin"
+
+
+class Runner(Protocol):
+    """The part of ``torch._C._aoti.AOTIModelContainerRunner{Cpu,Cuda}`` the loaders use (the stubs lack
+    ``update_constant_buffer_from_blob``)."""
+
+    def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]: ...
+    def get_constant_names_to_original_fqns(self) -> dict[str, str]: ...
+    def extract_constants_map(self, use_inactive: bool) -> dict[str, torch.Tensor]: ...
+    def update_constant_buffer_from_blob(self, path: str) -> None: ...
+    def update_constant_buffer(
+        self,
+        tensors: dict[str, torch.Tensor],
+        use_inactive: bool,
+        validate_full_updates: bool,
+        user_managed: bool,
+    ) -> None: ...
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "pytest-ptn" / "aoti")
+
+
+def runner(so: Path, device: str) -> Runner:
+    """A container for ``so`` with no constants yet: running it before they are bound would segfault."""
+    aoti: Any = torch._C._aoti
+    if device == "cuda":
+        return aoti.AOTIModelContainerRunnerCuda(str(so), 1, "cuda")
+    return aoti.AOTIModelContainerRunnerCpu(str(so), 1)
+
+
+def align(nbytes: int) -> int:
+    return -(-nbytes // ALIGNMENT) * ALIGNMENT
+
+
+@dataclass(frozen=True)
+class ConstantInfo:
+    """One constant of a container, by its original FQN."""
+
+    name: str
+    """AOTI's internal name: what ``update_constant_buffer`` takes."""
+    dtype: str
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+    """Where its bytes start in ``weights.bin``."""
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class CompiledMethod:
+    """A cache entry: one compiled method, what its container holds, how the program's keys map to it."""
+
+    dir: Path
+    constants: dict[str, ConstantInfo]
+    """original FQN -> constant, for every constant of the container."""
+    keys: dict[str, str]
+    """exported program's constant key -> original FQN of the container constant holding it."""
+    absent: dict[str, str]
+    """exported program's constant key -> content id, for constants with no allocation behind them: AOTI
+    baked them into the code (0-dim tensors, 1-D tensors of at most 8 elements) or the graph never reads
+    them (export keeps every parameter and buffer of the module)."""
+
+    @property
+    def so(self) -> Path:
+        return self.dir / SO
+
+    @property
+    def blob(self) -> Path:
+        return self.dir / BLOB
+
+    @property
+    def blob_bytes(self) -> int:
+        """What ``update_constant_buffer_from_blob`` allocates: every constant in a 64-byte slot."""
+        return sum(align(c.nbytes) for c in self.constants.values())
+
+    def host_tensors(self) -> dict[str, torch.Tensor]:
+        """Every constant as a copy-on-write view of ``weights.bin``: reading it costs no anonymous memory."""
+        size = os.path.getsize(self.dir / WEIGHTS)
+        if not size:
+            return {}
+        data = torch.from_file(str(self.dir / WEIGHTS), shared=False, size=size, dtype=torch.uint8)
+        return {
+            fqn: data[c.offset : c.offset + c.nbytes].view(_dtype(c.dtype)).as_strided(c.shape, c.stride)
+            for fqn, c in self.constants.items()
+        }
+
+    @classmethod
+    def read(cls, entry: Path) -> CompiledMethod:
+        m = json.loads((entry / MANIFEST).read_text())
+        constants = {
+            fqn: ConstantInfo(
+                c["name"], c["dtype"], tuple(c["shape"]), tuple(c["stride"]), c["offset"], c["nbytes"]
+            )
+            for fqn, c in m["constants"].items()
+        }
+        return cls(entry, constants, m["keys"], m["absent"])
+
+
+def compile_method(ep: ExportedProgram, options: dict[str, Any], device: str, label: str) -> CompiledMethod:
+    """``ep`` compiled for ``device``, from the cache when an entry with its key exists."""
+    root = cache_dir()
+    key = cache_key(ep, options, device)
+    entry = root / key[:2] / key
+    if (entry / MANIFEST).exists():
+        return CompiledMethod.read(entry)
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=entry.parent, prefix=".tmp-"))
+    try:
+        _compile_into(tmp, ep, options, device, label)
+        try:
+            tmp.rename(entry)
+        except OSError:
+            if not (entry / MANIFEST).exists():  # not a concurrent writer's finished entry
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return CompiledMethod.read(entry)
+
+
+def cache_key(ep: ExportedProgram, options: dict[str, Any], device: str) -> str:
+    h = hashlib.sha256()
+
+    def feed(*parts: object) -> None:
+        for p in parts:
+            h.update(str(p).encode())
+            h.update(b"\0")
+
+    feed(FORMAT, torch.__version__, device, json.dumps(options, sort_keys=True))
+    for name, module in ep.graph_module.named_modules():
+        if isinstance(module, torch.fx.GraphModule):
+            feed(name, module.code)
+    for node in ep.graph.find_nodes(op="placeholder"):
+        val = node.meta.get("val")
+        feed(node.name, *(_meta(val) if isinstance(val, torch.Tensor) else (val,)))
+    feed(ep.graph_signature)
+    for key, use in sorted(constants_of(ep).items()):
+        feed(key, *_meta(use.tensor), digest(use.tensor))
+    return h.hexdigest()
+
+
+def _meta(t: torch.Tensor) -> tuple[object, ...]:
+    return t.dtype, tuple(t.shape), tuple(t.stride())
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name.removeprefix("torch."))
+    assert isinstance(dtype, torch.dtype)
+    return dtype
+
+
+def inlinable(t: torch.Tensor) -> bool:
+    """Whether inductor bakes ``t`` into the code instead of keeping a constant (GraphLowering.get_attr)."""
+    return t.dim() == 0 or (t.dim() == 1 and t.shape[0] <= 8)
+
+
+def content_id(t: torch.Tensor) -> str:
+    return hashlib.sha256(f"{t.dtype}|{tuple(t.shape)}|{digest(t)}".encode()).hexdigest()
+
+
+def _compile_into(out: Path, ep: ExportedProgram, options: dict[str, Any], device: str, label: str) -> None:
+    """Compile into a private folder (AOTI names its files by a hash of the code, equal for methods that
+    differ only in constant values, so a shared folder lets one compile overwrite another's blob), keep the
+    .so and the blob, read the constants back from a container and write the manifest last."""
+    compiled = ep
+    if device != "cpu":
+        from torch.export.passes import move_to_device_pass
+
+        compiled = move_to_device_pass(ep, device)
+    users = set(compiled.graph_signature.user_inputs)
+    examples = tuple(n.meta["val"] for n in compiled.graph.find_nodes(op="placeholder") if n.name in users)
+    scratch = out / "aoti"
+    try:
+        with torch.no_grad():
+            paths = torch._inductor.aot_compile(
+                compiled.module(), examples, options={**options, "aot_inductor.output_path": str(scratch)}
+            )
+    except Exception as e:  # inductor's own errors name no method
+        raise RuntimeError(f"{label}: AOTInductor failed: {type(e).__name__}: {e}") from e
+    assert isinstance(paths, list), f"aot_compile with package=True gave {paths!r}"
+    files = [p for p in paths if isinstance(p, str)]
+    os.replace(next(p for p in files if p.endswith(".wrapper.so")), out / SO)
+    os.replace(next(p for p in files if p.endswith("_weights.blob")), out / BLOB)
+    shutil.rmtree(scratch)
+
+    container = runner(out / SO, device)
+    # An empty blob cannot be mapped, and a container without constants needs none.
+    if os.path.getsize(out / BLOB):
+        container.update_constant_buffer_from_blob(str(out / BLOB))
+    held = container.extract_constants_map(False)
+    infos: dict[str, ConstantInfo] = {}
+    offset = 0
+    with open(out / WEIGHTS, "wb") as f:
+        for name, fqn in sorted(container.get_constant_names_to_original_fqns().items()):
+            t = held[fqn].detach().cpu()
+            if not t.is_contiguous():
+                raise NotImplementedError(f"{label}: AOTI holds {fqn!r} with strides {t.stride()}")
+            data = t.reshape(-1).view(torch.uint8).numpy().tobytes()
+            f.write(data + bytes(align(len(data)) - len(data)))
+            infos[fqn] = ConstantInfo(
+                name, str(t.dtype), tuple(t.shape), tuple(t.stride()), offset, len(data)
+            )
+            offset += align(len(data))
+    keys, absent = _map_keys(ep, held, label)
+    manifest = {
+        "format": FORMAT,
+        "constants": {k: asdict(v) for k, v in infos.items()},
+        "keys": keys,
+        "absent": absent,
+    }
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+
+
+def _map_keys(
+    ep: ExportedProgram, held: dict[str, torch.Tensor], label: str
+) -> tuple[dict[str, str], dict[str, str]]:
+    """Tie every constant key of ``ep`` to the container constant holding it. Parameters and buffers keep
+    their FQN; CONSTANT_TENSOR entries become ``_tensor_constant<i>`` by position in AOTI's re-trace, so they
+    are matched by content (equal content in one method may share a match: either holds the same bytes)."""
+    kinds = {s.target: s.kind for s in ep.graph_signature.input_specs}
+    named = (InputKind.PARAMETER, InputKind.BUFFER)
+    by_content: dict[str, list[str]] = {}
+    for fqn, t in held.items():
+        if kinds.get(fqn) not in named:
+            by_content.setdefault(content_id(t.cpu()), []).append(fqn)
+    read = read_keys(ep)
+    keys: dict[str, str] = {}
+    absent: dict[str, str] = {}
+    used: set[str] = set()
+    for key, use in sorted(constants_of(ep).items()):
+        t = use.tensor
+        cid = content_id(t)
+        candidates = [key] if kinds[key] in named and key in held else by_content.get(cid, [])
+        if candidates:
+            keys[key] = next((c for c in candidates if c not in used), candidates[0])
+            used.add(keys[key])
+        elif inlinable(t) or key not in read:
+            absent[key] = cid
+        else:
+            raise RuntimeError(
+                f"{label}: constant {key!r} is read and too large to inline, yet not in the container"
+            )
+    return keys, absent
+
+
+def read_keys(ep: ExportedProgram) -> set[str]:
+    """The constant keys whose placeholder the graph uses."""
+    used = {n.name for n in ep.graph.find_nodes(op="placeholder") if n.users}
+    return {s.target for s in ep.graph_signature.input_specs if s.arg.name in used and s.target is not None}
