@@ -7,8 +7,7 @@ lowered once with the reference backend (outputs checked against eager, sharing 
 loaded in fresh processes:
 
 - ``reference, sharing``: ``ReferenceLoaded`` with the reference ``SharingCache`` (what the backend does);
-- ``reference, no sharing``: the same loader with a cache whose ``share()`` always materializes;
-- ``reference, sharing + fixes``: ``benchmarks/_proposed.py``'s direct package reader and ContentKey memo.
+- ``reference, no sharing``: the same loader with a cache whose ``share()`` always materializes.
 
 With ``pytest_ptn/backends/aoti.py`` usable (a C++ compiler; ~15 s per method to compile, cached on disk under
 ``$PTN_AOTI_CACHE``, default ``<tmp>/ptn-bench-aoti``), the same for its ``ContentSharedLoaded`` and, for
@@ -39,7 +38,7 @@ sys.path = [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(_HE
 
 from _common import emit, fmt_bytes, machine, parse_size, peak_rss, reset_peak, rss, run_child, table  # noqa: E402
 
-REFERENCE = ("reference, sharing", "reference, no sharing", "reference, sharing + fixes")
+REFERENCE = ("reference, sharing", "reference, no sharing")
 AOTI = ("aoti, sharing", "aoti, no sharing", "aoti-upstream (by name)")
 
 
@@ -50,7 +49,7 @@ def never_shares() -> Any:
     from pytest_ptn import rules
 
     class NeverShares(rules.SharingCache):
-        def share(self, host: torch.Tensor, materialize: Any = torch.clone) -> torch.Tensor:
+        def share(self, host: torch.Tensor, materialize: Any = torch.clone, key: Any = None) -> torch.Tensor:
             t = materialize(host)
             self.materialized_bytes += t.untyped_storage().nbytes()
             return t
@@ -112,19 +111,13 @@ def child(variant: str, path: str, entries: dict[str, str]) -> None:
     from pytest_ptn import rules
 
     if variant.startswith("reference"):
-        import _proposed
-
         from pytest_ptn.loader import ReferenceLoaded
         from pytest_ptn.package import read_package
 
-        fixed = variant.endswith("fixes")
-        read = _proposed.read_package_direct if fixed else read_package
-        cache = (
-            _proposed.KeyMemoCache() if fixed else never_shares() if "no" in variant else rules.SharingCache()
-        )
+        cache = never_shares() if "no" in variant else rules.SharingCache()
         base = reset_peak()
         t0 = time.perf_counter()
-        pkg = read(Path(path))
+        pkg = read_package(Path(path))
         t1 = time.perf_counter()
         loaded: Any = ReferenceLoaded(pkg, {}, cache)
         methods = list(pkg.bindings)
@@ -279,7 +272,6 @@ def main() -> None:
 
     rows = [row(v) for v in best]
     rows.append(ratio("reference, sharing", "reference, no sharing"))
-    rows.append(ratio("reference, sharing + fixes", "reference, sharing"))
     if "aoti, sharing" in best:
         rows.append(ratio("aoti, sharing", "aoti, no sharing"))
     print(

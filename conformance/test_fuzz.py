@@ -1,7 +1,8 @@
 """Generated programs that collide on purpose (pytest_ptn.strategies), run through the backend.
 
-The fuzz profile decides how many programs (``--ptn-fuzz-profile``); a failure shrinks to a small program
-and prints it as a test you can paste (``--ptn-seed`` from the header reproduces a nightly run).
+The fuzz profile decides how many programs (``--ptn-fuzz-profile``); a failure prints its program as a test
+you can paste, shrunk to a small one by the nightly profile (the CI one reports the first failing program
+as drawn), and ``--ptn-seed`` from the header reproduces a nightly run.
 """
 
 from __future__ import annotations

@@ -123,9 +123,9 @@ def test_sharing_check_costs_no_memory(ptn_case: Case) -> None:
         loaded.load_method(method)
     reading = loaded.constant_memory()
     unique = unique_immutable_bytes(programs)
-    assert reading.peak_bytes <= unique * 1.05, (
+    assert reading.peak_bytes <= unique * 1.05 + reading.resolution, (
         f"peak constant memory {reading.peak_bytes} B is {reading.peak_bytes / max(unique, 1):.2f}x the "
-        f"{unique} unique constant bytes ({reading.probe})"
+        f"{unique} unique constant bytes ({reading.probe}; resolution {reading.resolution} B)"
     )
 
 

@@ -6,8 +6,10 @@ graph, the placeholders' metadata, the graph signature, every constant's metadat
 version, the options and the device. An entry holds the wrapper .so, AOTI's dense blob (what the upstream
 CUDA delegate loads), the same constants again one by one in ``weights.bin`` (what a loader binds constant by
 constant, as executorch 1.5.1's per-FQN weights do) and a manifest that ties the exported program's constant
-keys to the container's. Entries are written into a temporary folder and renamed into place, so concurrent
-workers never see half an entry.
+keys to the container's and records the sha256 of every constant's bytes in ``weights.bin``. Entries are
+written into a temporary folder and renamed into place, so concurrent workers never see half an entry, and
+are never written again: the digests stay those of the bytes next to them, so a loader keys its sharing
+cache with them instead of hashing every weight again on every load (S2, S3).
 """
 
 from __future__ import annotations
@@ -26,10 +28,10 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
 from pytest_ptn.exported import constants_of
-from pytest_ptn.rules import digest
+from pytest_ptn.rules import ContentKey, digest
 
 CACHE_ENV = "PTN_AOTI_CACHE"
-FORMAT = "pytest-ptn aoti cache 2"
+FORMAT = "pytest-ptn aoti cache 3"
 """Bumped whenever the layout of an entry changes, so old entries are never misread."""
 ALIGNMENT = 64
 """AOTI_CONST_ALIGNMENT (aoti_runtime/model_base.h): each constant's slot in the blob AOTI allocates."""
@@ -90,6 +92,12 @@ class ConstantInfo:
     offset: int
     """Where its bytes start in ``weights.bin``."""
     nbytes: int
+    sha256: str
+    """Digest of its ``nbytes`` bytes in ``weights.bin``, taken when they were written."""
+
+    def content_key(self) -> ContentKey:
+        """``ContentKey.of`` the constant's host tensor, from the manifest: no pass over its bytes."""
+        return ContentKey(_dtype(self.dtype), self.shape, self.stride, self.sha256)
 
 
 @dataclass(frozen=True)
@@ -133,9 +141,17 @@ class CompiledMethod:
     @classmethod
     def read(cls, entry: Path) -> CompiledMethod:
         m = json.loads((entry / MANIFEST).read_text())
+        if m.get("format") != FORMAT:  # cache keys include FORMAT, so only a path given by hand gets here
+            raise ValueError(f"{entry}: a cache entry of format {m.get('format')!r}, not {FORMAT!r}")
         constants = {
             fqn: ConstantInfo(
-                c["name"], c["dtype"], tuple(c["shape"]), tuple(c["stride"]), c["offset"], c["nbytes"]
+                c["name"],
+                c["dtype"],
+                tuple(c["shape"]),
+                tuple(c["stride"]),
+                c["offset"],
+                c["nbytes"],
+                c["sha256"],
             )
             for fqn, c in m["constants"].items()
         }
@@ -243,7 +259,13 @@ def _compile_into(out: Path, ep: ExportedProgram, options: dict[str, Any], devic
             data = t.reshape(-1).view(torch.uint8).numpy().tobytes()
             f.write(data + bytes(align(len(data)) - len(data)))
             infos[fqn] = ConstantInfo(
-                name, str(t.dtype), tuple(t.shape), tuple(t.stride()), offset, len(data)
+                name,
+                str(t.dtype),
+                tuple(t.shape),
+                tuple(t.stride()),
+                offset,
+                len(data),
+                hashlib.sha256(data).hexdigest(),  # = digest(t): t is contiguous
             )
             offset += align(len(data))
     keys, absent = _map_keys(ep, held, label)

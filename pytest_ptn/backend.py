@@ -84,6 +84,8 @@ class MemoryReading:
     peak_bytes: int
     probe: str
     """Which instrument produced the number, for the report."""
+    resolution: int = 0
+    """The smallest growth the instrument can see (a GPU driver maps memory in pages): S6 allows one."""
 
 
 class Lowered(ABC):

@@ -85,6 +85,29 @@ SCENARIOS: tuple[Scenario, ...] = (
         "collision",
     ),
     _s(
+        "parameter_named_tensor_constant",
+        "A parameter named `_tensor_constant0` in both methods (other bytes), prefill also reading a "
+        "16-element attribute: AOTInductor names that attribute `_tensor_constant0` too, in the same graph.",
+        ProgramSpec(
+            methods=(
+                Method(
+                    "prefill",
+                    (
+                        Constant("_tensor_constant0", "parameter", shape=(16,), seed=43),
+                        Constant("scale", "attribute", shape=(16,), seed=44),
+                    ),
+                    reads=("_tensor_constant0", "scale"),
+                ),
+                Method(
+                    "decode",
+                    (Constant("_tensor_constant0", "parameter", shape=(16,), seed=45),),
+                    reads=("_tensor_constant0",),
+                ),
+            ),
+        ),
+        "collision",
+    ),
+    _s(
         "shared_weight",
         "One parameter `shared.w` read by both methods: stored once, loaded once.",
         ProgramSpec(
@@ -96,6 +119,27 @@ SCENARIOS: tuple[Scenario, ...] = (
         ),
         "shared_weight",
         "dedupe",
+    ),
+    _s(
+        "large_shared_weight",
+        "An 8 MiB parameter read by both methods beside small private ones: a second copy of it shows on any "
+        "memory probe, a GPU's 2 MiB pages included (the case S6 is about).",
+        ProgramSpec(
+            methods=(
+                Method(
+                    "prefill", (Constant("p", "parameter", shape=(16,), seed=40),), reads=("embedding", "p")
+                ),
+                Method(
+                    "decode", (Constant("p", "parameter", shape=(16,), seed=41),), reads=("embedding", "p")
+                ),
+            ),
+            # Names no other scenario uses: a cache keyed by name across programs (aoti-upstream) must not
+            # meet another scenario's `shared.w` here, or the outcome would depend on which ran first.
+            shared=(Constant("embedding", "parameter", shape=(2048, 1024), seed=42),),
+        ),
+        "shared_weight",
+        "dedupe",
+        "collision",
     ),
     _s(
         "equal_values_different_names",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import tempfile
 import zipfile
 from dataclasses import dataclass
@@ -19,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save as save_safetensors
 
 from pytest_ptn import zipdata
 from pytest_ptn.backend import Entry, PackageView, Reference
+from pytest_ptn.rules import tensor_bytes
 from pytest_ptn.zipdata import PackageFormatError
 
 DATA = "data.safetensors"
@@ -51,31 +52,66 @@ class Package:
         return self.tensors[self.aliases.get(name, name)]
 
 
-def members(package: Package) -> dict[str, bytes]:
-    """The package's zip members, name -> bytes."""
-    return {
-        DATA: save_safetensors(
-            {k: t.detach().contiguous() for k, t in package.tensors.items()},
-            metadata={"state_keys": json.dumps(sorted(package.state_keys))},
-        ),
-        ALIASES: _json(package.aliases),
-        BINDINGS: _json(package.bindings),
+_CODES: dict[torch.dtype, str] = {
+    getattr(torch, name): code for code, name in zipdata.DTYPE_NAMES.items() if hasattr(torch, name)
+}
+"""torch dtype -> safetensors dtype code."""
+
+
+def _safetensors_layout(package: Package) -> tuple[bytes, list[torch.Tensor], int]:
+    """The ``data.safetensors`` header (length prefix included), its tensors in data order and the
+    member's size.
+
+    Laid out as ``safetensors.torch.save`` lays it out: compact JSON, ``__metadata__`` first, padded with
+    spaces to a multiple of 8; data by decreasing element size (so every tensor starts aligned to its
+    element), then by name. A package of one dtype is byte for byte what ``save`` returns.
+    """
+    tensors = sorted(package.tensors.items(), key=lambda kv: (-kv[1].element_size(), kv[0]))
+    header: dict[str, Any] = {
+        zipdata.SAFETENSORS_METADATA_KEY: {"state_keys": json.dumps(sorted(package.state_keys))}
     }
+    offset = 0
+    for key, t in tensors:
+        if t.dtype not in _CODES:
+            raise ValueError(f"constant {key!r}: safetensors cannot store dtype {t.dtype}")
+        n = t.numel() * t.element_size()
+        header[key] = {"dtype": _CODES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    encoded = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    prefix = struct.pack("<Q", len(encoded)) + encoded
+    return prefix, [t for _, t in tensors], len(prefix) + offset
 
 
-def write_zip(f: Any, contents: dict[str, bytes]) -> None:
-    """Write ``contents`` as a stored zip into the open binary file ``f``: sorted, fixed timestamps."""
+def write_zip(f: Any, package: Package) -> None:
+    """Write ``package`` as a stored zip into the open binary file ``f``: members sorted, timestamps fixed.
+
+    ``data.safetensors`` is streamed a tensor at a time, straight from each tensor's memory (a non-contiguous
+    one is copied alone): building the member as one ``bytes`` first, as ``safetensors.torch.save`` does,
+    held up to 2x the model. Its size is declared before the first byte, so zipfile decides on zip64 up
+    front, exactly as ``writestr`` does with the whole payload in hand.
+    """
+    prefix, tensors, size = _safetensors_layout(package)
+    small = {ALIASES: _json(package.aliases), BINDINGS: _json(package.bindings)}
     with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED) as z:
-        for name in sorted(contents):
-            z.writestr(zipfile.ZipInfo(name, _EPOCH), contents[name])
+        for name in sorted([DATA, *small]):
+            info = zipfile.ZipInfo(name, _EPOCH)
+            if name in small:
+                z.writestr(info, small[name])
+                continue
+            info.file_size = size
+            with z.open(info, "w") as out:
+                out.write(prefix)
+                for t in tensors:
+                    out.write(tensor_bytes(t.cpu()))
 
 
 def write_package(path: Path, package: Package) -> None:
-    contents = members(package)
+    """Write ``package`` to a temporary file next to ``path`` and rename it into place (P10)."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            write_zip(f, contents)
+            write_zip(f, package)
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)

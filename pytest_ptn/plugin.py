@@ -98,8 +98,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--ptn-fuzz-profile",
         default="ptn-ci",
         choices=("ptn-ci", "ptn-nightly"),
-        help="hypothesis profile of the fuzz tests: ptn-ci (few examples, derandomized, no database) or "
-        "ptn-nightly (many examples, random, example database in .hypothesis/ptn)",
+        help="hypothesis profile of the fuzz tests: ptn-ci (few examples, derandomized, no database, a "
+        "failure not shrunk) or ptn-nightly (many examples, random, example database in .hypothesis/ptn, a "
+        "failure shrunk to a small program)",
     )
     group.addoption("--ptn-seed", type=int, help="seed of the nightly fuzz profile (printed in the header)")
     report.add_options(group)
@@ -126,7 +127,7 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     report.configure(config)
     if config.pluginmanager.hasplugin("xdist"):
-        config.pluginmanager.register(XdistSeed(state.seed), "ptn-xdist-seed")
+        config.pluginmanager.register(Xdist(state), "ptn-xdist")
     for spec in requested:
         try:
             cls = resolve_backend(spec)
@@ -151,14 +152,58 @@ def pytest_configure(config: pytest.Config) -> None:
         config.args.append(str(suite))
 
 
-class XdistSeed:
-    """Hands the controller's seed to every worker, so workers fuzz (and collect) alike."""
+class Xdist:
+    """pytest-xdist hooks: the controller's seed for every worker, and each case's tests on one worker."""
 
-    def __init__(self, seed: int):
-        self.seed = seed
+    def __init__(self, state: Session):
+        self.state = state
+
+    def by_case(self, config: pytest.Config) -> bool:
+        """Whether this run is scheduled by case: ``--dist load`` (what ``-n`` means by default) on the
+        conformance suite. Other ``--dist`` modes, and runs that request no backend (no suite), are xdist's
+        own."""
+        return config.getvalue("dist") == "load" and self.state.explicit
 
     def pytest_configure_node(self, node: Any) -> None:
-        node.workerinput["ptn_seed"] = self.seed
+        """Workers fuzz (and collect) alike, and order their collection for the scheduler."""
+        node.workerinput["ptn_seed"] = self.state.seed
+        node.workerinput["ptn_by_case"] = self.by_case(node.config)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
+        """``--dist load``, except that the tests of one (backend, scenario) are one unit of work: lowering
+        is the slow step and is cached per worker, so spreading a scenario's tests over the workers lowered
+        it once on each. Units go out in collection order, where workers put the tests outside any case
+        first (pytest_collection_modifyitems): the fuzz test, by far the longest, then runs beside the cases
+        instead of after them."""
+        if not self.by_case(config):
+            return None
+        from xdist.scheduler import LoadScopeScheduling
+
+        backends = sorted(self.state.requested, key=len, reverse=True)
+        scenarios = [s.name for s in catalogue.SCENARIOS]
+
+        class CaseScheduling(LoadScopeScheduling):
+            def _split_scope(self, nodeid: str) -> str:
+                return case_of(nodeid, backends, scenarios) or nodeid
+
+        config.option.loadscopereorder = False  # largest unit first would put every single test last
+        return CaseScheduling(config, log)
+
+
+def case_of(nodeid: str, backends: list[str], scenarios: list[str]) -> str | None:
+    """``backend::scenario`` for a test parametrized with both (its id holds ``backend-scenario``), else
+    None. The controller sees test ids only: pytest joins the ids of the parameters with ``-`` in the order
+    they were parametrized, backend then scenario."""
+    name = nodeid.rsplit("::", 1)[-1]
+    if "[" not in name or not name.endswith("]"):
+        return None
+    params = f"-{name[name.index('[') + 1 : -1]}-"
+    for backend in backends:
+        for scenario in scenarios:
+            if f"-{backend}-{scenario}-" in params:
+                return f"{backend}::{scenario}"
+    return None
 
 
 def suite_path() -> Path | None:
@@ -213,6 +258,9 @@ def _callspec_param(item: pytest.Item, name: str) -> str | None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput and workerinput.get("ptn_by_case"):  # see Xdist.pytest_xdist_make_scheduler
+        items.sort(key=lambda item: _callspec_param(item, "ptn_scenario") is not None)
     for item in items:
         rules = rules_of(item)
         if not rules:

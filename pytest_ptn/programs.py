@@ -77,7 +77,11 @@ class MethodModule(nn.Module):
         self._specs = {c.name: c for c in spec.shared} | {c.name: c for c in method.constants}
         self._private = {c.name for c in method.constants}
         # Values of literals and scalars are computed here: a tensor made in forward would itself be exported.
-        self._values = {c.name: make_tensor(c).tolist() for c in self._specs.values()}
+        # Only theirs: every other family is registered as a tensor, and listing it cost a Python float per
+        # element of every weight, for every method module built.
+        self._values = {
+            c.name: make_tensor(c).tolist() for c in self._specs.values() if c.family in ("literal", "scalar")
+        }
         for c in method.constants:
             _register(self, c)
         _quantize(self, method.constants)

@@ -12,8 +12,8 @@ format-independent checks of :mod:`pytest_ptn.zipdata`: the zip central director
 lie inside the archive, members must be stored uncompressed, so a member can never inflate past the
 archive's size), the 8-byte safetensors header length (against the member size and a cap), each
 tensor's dtype, shape and data offsets (against the data section), and the alias map. Only then are the
-tensors materialized (with the ``safetensors`` library) and the program deserialized (with executorch's
-own deserializer). Every problem raises :class:`PtnFormatError` (a
+tensors materialized (each read straight from the member into its own storage) and the program
+deserialized (with executorch's own deserializer). Every problem raises :class:`PtnFormatError` (a
 :class:`~pytest_ptn.zipdata.PackageFormatError`), whose message names the package path, what is wrong
 and the member/key involved.
 

@@ -8,6 +8,8 @@ a loader shares constants through (S1-S3, S6).
 from __future__ import annotations
 
 import hashlib
+import threading
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -106,6 +108,7 @@ def plan_package(methods: Mapping[str, Mapping[str, ConstantUse]]) -> PackagePla
                 tuple(sorted(uses)),
             )
     mutable = {k for uses in methods.values() for k, u in uses.items() if u.mutable}
+    digest_of = _memoized_digest()
 
     state: dict[str, tuple[str, torch.Tensor]] = {}
     for method, uses in methods.items():
@@ -116,7 +119,7 @@ def plan_package(methods: Mapping[str, Mapping[str, ConstantUse]]) -> PackagePla
                 state[key] = (method, use.tensor)
                 continue
             first, t = state[key]
-            what = _difference(t, use.tensor)
+            what = _difference(t, use.tensor, digest_of)
             if what:
                 raise StateConflictError(
                     f"mutable key {key!r} differs between methods {first!r} and {method!r}: {what}",
@@ -148,7 +151,7 @@ def plan_package(methods: Mapping[str, Mapping[str, ConstantUse]]) -> PackagePla
     for final in sorted(owners_of):
         method, key = owners_of[final]
         t = methods[method][key].tensor
-        owner = by_content.setdefault((t.dtype, tuple(t.shape), digest(t)), final)
+        owner = by_content.setdefault((t.dtype, tuple(t.shape), digest_of(t)), final)
         if owner == final:
             entries[final] = t
         else:
@@ -156,12 +159,44 @@ def plan_package(methods: Mapping[str, Mapping[str, ConstantUse]]) -> PackagePla
     return PackagePlan(bindings, entries, aliases, frozenset(f"{STATE}/{k}" for k in state))
 
 
-def _difference(a: torch.Tensor, b: torch.Tensor) -> str:
+def _memoized_digest() -> Callable[[torch.Tensor], str]:
+    """``digest`` that hashes each tensor once per plan: a weight bound by M methods is one tensor under M
+    (method, key) pairs, and hashing it M times made dedupe cost M passes over the shared bytes.
+
+    Keyed by everything that decides the bytes: storage, offset, shape, strides, dtype, the conjugate and
+    negative bits, and the version counter (an in-place write bumps it; inference tensors have none, so
+    they are hashed every time). The memo holds each tensor it keyed, so no storage address is freed and
+    reused by another tensor while the plan runs.
+    """
+    memo: dict[tuple[object, ...], tuple[torch.Tensor, str]] = {}
+
+    def cached(t: torch.Tensor) -> str:
+        if t.is_inference():
+            return digest(t)
+        key = (
+            t.untyped_storage().data_ptr(),
+            t.storage_offset(),
+            tuple(t.shape),
+            t.stride(),
+            t.dtype,
+            t.is_conj(),
+            t.is_neg(),
+            t._version,
+        )
+        hit = memo.get(key)
+        if hit is None:
+            hit = memo[key] = (t, digest(t))
+        return hit[1]
+
+    return cached
+
+
+def _difference(a: torch.Tensor, b: torch.Tensor, digest_of: Callable[[torch.Tensor], str]) -> str:
     if a.dtype != b.dtype:
         return f"dtype {a.dtype} vs {b.dtype}"
     if a.shape != b.shape:
         return f"shape {tuple(a.shape)} vs {tuple(b.shape)}"
-    if digest(a) != digest(b):
+    if digest_of(a) != digest_of(b):
         return "initial bytes differ"
     return ""
 
@@ -172,23 +207,66 @@ class SharingCache:
     A constant is shared only when dtype, shape, strides and the digest of its bytes agree (S1, S2), whether
     or not its name was seen before (S3). The digest comes from the host bytes the loader read anyway, once
     per constant, so deciding never re-uploads or re-reads device memory (S6). Only immutable constants
-    belong here: state is per loaded program.
+    belong here: state is per loaded program. Lookup and insert happen under one lock, so threads loading
+    at once make one copy of each content (S7); keys are computed outside it, so they still hash in parallel.
     """
 
     def __init__(self) -> None:
         self._tensors: dict[ContentKey, torch.Tensor] = {}
+        self._keys: dict[int, tuple[weakref.ref[torch.Tensor], int, ContentKey]] = {}
+        self._lock = threading.Lock()
         self.materialized_bytes = 0
 
     def share(
-        self, host: torch.Tensor, materialize: Callable[[torch.Tensor], torch.Tensor] = torch.clone
+        self,
+        host: torch.Tensor,
+        materialize: Callable[[torch.Tensor], torch.Tensor] = torch.clone,
+        key: ContentKey | None = None,
     ) -> torch.Tensor:
-        """The cached tensor with ``host``'s content, materializing ``host`` only on a miss."""
-        key = ContentKey.of(host)
-        cached = self._tensors.get(key)
-        if cached is None:
-            cached = self._tensors[key] = materialize(host)
-            self.materialized_bytes += cached.untyped_storage().nbytes()
+        """The cached tensor with ``host``'s content, materializing ``host`` only on a miss.
+
+        ``key`` is ``host``'s ContentKey when the loader already has it (digests recorded next to the bytes
+        it loads, as the aoti compile cache does); it must be the key of exactly these bytes.
+        """
+        if key is None:
+            key = self.key(host)
+        with self._lock:  # a check-then-insert race made two threads each materialize one content (S7)
+            cached = self._tensors.get(key)
+            if cached is None:
+                cached = self._tensors[key] = materialize(host)
+                self.materialized_bytes += cached.untyped_storage().nbytes()
         return cached
+
+    def key(self, host: torch.Tensor) -> ContentKey:
+        """``ContentKey.of(host)``, computed once per host tensor: every alias of a package owner resolves
+        to one host tensor, so a weight bound by M methods would otherwise be hashed M times per load.
+
+        Remembered by identity (a weak reference, so the memo never keeps a host alive and a recycled id
+        is never taken for the old tensor) and version counter, so an in-place write is hashed afresh.
+        Writes that bypass the counter (through ``.numpy()`` or ``.data``) are not seen: a loader's host
+        tensors are bytes it read and never writes. Inference tensors have no counter: hashed every time.
+        """
+        if host.is_inference():
+            return ContentKey.of(host)
+        memo = self._keys.get(id(host))
+        if memo is not None and memo[0]() is host and memo[1] == host._version:
+            return memo[2]
+        key = ContentKey.of(host)
+        self._keys[id(host)] = (weakref.ref(host, _forget(self._keys, id(host))), host._version, key)
+        return key
 
     def __len__(self) -> int:
         return len(self._tensors)
+
+
+def _forget(
+    keys: dict[int, tuple[weakref.ref[torch.Tensor], int, ContentKey]], ident: int
+) -> Callable[[weakref.ref[torch.Tensor]], None]:
+    """A weakref callback dropping a dead host's memo entry (unless a new tensor with its id replaced it)."""
+
+    def forget(ref: weakref.ref[torch.Tensor]) -> None:
+        entry = keys.get(ident)
+        if entry is not None and entry[0] is ref:
+            del keys[ident]
+
+    return forget

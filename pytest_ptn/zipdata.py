@@ -11,7 +11,7 @@ it is about to trust *before* allocating for it:
 * :func:`read_member`: one member, with a cap on its declared size and the CRC verified;
 * :func:`read_safetensors`: the 8-byte header length (against the member size and a cap), the header
   JSON, each tensor's dtype, shape and data offsets (which must tile the data section), and only then the
-  tensors (with the ``safetensors`` library);
+  tensors, each read straight into its own storage;
 * :func:`parse_aliases`: the alias map (an object of str -> str, every alias naming an existing owner,
   no cycle, no alias of an alias, no key both owner and alias).
 
@@ -239,10 +239,7 @@ def read_member(path: str, zf: zipfile.ZipFile, info: zipfile.ZipInfo, cap: int)
         )
     with _open_member(path, zf, info) as stream:
         data = _read_exact(path, stream, info.file_size, f"zip member {info.filename!r}")
-        try:
-            stream.read(1)  # reaching EOF makes zipfile verify the CRC
-        except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
-            raise PackageFormatError(path, f"zip member {info.filename!r} is corrupt: {exc}") from exc
+        _expect_end(path, stream, f"zip member {info.filename!r}")
     return data
 
 
@@ -361,11 +358,23 @@ def parse_safetensors_header(path: str, header: object, data_len: int, where: st
     return entries
 
 
+READ_CHUNK = 1024 * 1024
+"""Bytes moved from a member into a tensor per read: the only transient copy while reading tensors. As fast
+as larger chunks, and small enough that malloc's heap does not keep a large freed chunk resident."""
+
+
 def read_safetensors(
     path: str, zf: zipfile.ZipFile, info: zipfile.ZipInfo, *, max_header_bytes: int = MAX_HEADER_BYTES
 ) -> SafetensorsData:
     """The tensors (and header metadata) of a safetensors member whose directory entry was checked by
-    :func:`check_zip_directory`: the header is validated before any tensor is materialized."""
+    :func:`check_zip_directory`: the header is validated before any tensor is allocated.
+
+    Each tensor is then read from the member straight into its own storage, in data order, a chunk at a
+    time: holding the whole member as one ``bytes`` and copying every tensor out of it cost 2x the package
+    at the peak. The member's CRC is verified when its last byte is read, as :func:`read_member` does.
+    """
+    import torch
+
     where = info.filename
     size = info.file_size  # already bounded by the archive size (stored, span checked)
     if size < 8:
@@ -379,30 +388,45 @@ def read_safetensors(
                 f"member ({size} bytes) or the cap ({max_header_bytes} bytes); refused before reading it",
             )
         raw_header = _read_exact(path, stream, header_len, f"{where} header")
-    try:
-        header = loads_json(raw_header)
-    except ValueError as exc:  # includes UnicodeDecodeError and json.JSONDecodeError
-        raise PackageFormatError(path, f"bad safetensors header in {where}: not valid JSON ({exc})") from exc
-    entries = parse_safetensors_header(path, header, size - 8 - header_len, where)
-
-    # Every size is now known to fit in the member, which fits in the archive: materialize.
-    payload = read_member(path, zf, info, size)
-    import torch
-    from safetensors.torch import load as safetensors_load
-
-    for entry in entries:
-        if getattr(torch, DTYPE_NAMES[entry.dtype], None) is None:
+        try:
+            header = loads_json(raw_header)
+        except ValueError as exc:  # includes UnicodeDecodeError and json.JSONDecodeError
             raise PackageFormatError(
-                path, f"unknown dtype {entry.dtype!r} for tensor {entry.key!r}: torch lacks it"
-            )
-    try:
-        tensors: dict[str, torch.Tensor] = safetensors_load(payload)
-    except Exception as exc:  # safetensors raises its own SafetensorError
-        raise PackageFormatError(
-            path, f"bad safetensors header: the safetensors library refused it ({exc})"
-        ) from exc
+                path, f"bad safetensors header in {where}: not valid JSON ({exc})"
+            ) from exc
+        entries = parse_safetensors_header(path, header, size - 8 - header_len, where)
+        dtypes = {}
+        for entry in entries:
+            dtype = getattr(torch, DTYPE_NAMES[entry.dtype], None)
+            if dtype is None:
+                raise PackageFormatError(
+                    path, f"unknown dtype {entry.dtype!r} for tensor {entry.key!r}: torch lacks it"
+                )
+            dtypes[entry.key] = dtype
+
+        # Every size is now known to fit in the member, which fits in the archive: materialize. The entries
+        # tile the data section (checked above), so reading them in offset order reads it exactly once.
+        what = f"zip member {where!r}"
+        tensors: dict[str, torch.Tensor] = {}
+        for entry in sorted(entries, key=lambda e: e.begin):
+            tensor = torch.empty(entry.shape, dtype=dtypes[entry.key])
+            if entry.end > entry.begin:
+                target = tensor.reshape(-1).view(torch.uint8).numpy().data  # its storage, writable
+                for at in range(0, len(target), READ_CHUNK):
+                    n = min(READ_CHUNK, len(target) - at)
+                    target[at : at + n] = _read_exact(path, stream, n, what)
+            tensors[entry.key] = tensor
+        _expect_end(path, stream, what)
     metadata: dict[str, str] = dict(header.get(SAFETENSORS_METADATA_KEY) or {})
     return SafetensorsData(tensors, metadata)
+
+
+def _expect_end(path: str, stream: IO[bytes], what: str) -> None:
+    """Read past the last byte: zipfile verifies the CRC on reaching the end of a member."""
+    try:
+        stream.read(1)
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+        raise PackageFormatError(path, f"{what} is corrupt: {exc}") from exc
 
 
 # ---------------------------------------------------------------------------------------------

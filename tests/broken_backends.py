@@ -481,7 +481,7 @@ class InPlaceSave(ReferenceBackend):
         package = Package(plan.entries, plan.aliases, bindings, sorted(plan.state_keys))
         path = workdir / "program.ptpkg"
         with open(path, "wb") as f:
-            reference_package.write_zip(f, reference_package.members(package))
+            reference_package.write_zip(f, package)
         return ReferenceLowered(path, {m: ep.graph_module for m, ep in decomposed.items()})
 
 

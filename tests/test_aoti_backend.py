@@ -20,6 +20,7 @@ from pytest_ptn.aoti_cache import CompiledMethod, ConstantInfo
 from pytest_ptn.backends import aoti
 from pytest_ptn.backends.aoti import AotiBackend, AotiLowered, AotiUpstreamBackend, FqnCache, UpstreamLoaded
 from pytest_ptn.programs import Program
+from pytest_ptn.rules import ContentKey
 from pytest_ptn.spec import Constant, Method, ProgramSpec, Write
 
 needs_compiler = pytest.mark.skipif(
@@ -120,6 +121,28 @@ def test_keys_map_to_container_constants(lowered: dict[str, AotiLowered]) -> Non
 
 
 @needs_compiler
+def test_manifest_keys_are_those_of_the_bytes_loaded(lowered: dict[str, AotiLowered]) -> None:
+    """The loader keys its cache with the digests the compile recorded, instead of hashing each weight on
+    each load: they must be exactly the keys of the host tensors it binds (S2, S3)."""
+    for program in lowered.values():
+        for compiled in program.methods.values():
+            host = compiled.host_tensors()
+            assert host.keys() == compiled.constants.keys()
+            for fqn, c in compiled.constants.items():
+                assert c.content_key() == ContentKey.of(host[fqn]), (compiled.dir, fqn)
+
+
+def test_an_entry_of_another_format_is_refused(tmp_path: Path) -> None:
+    """Cache keys hash the format, so a changed layout never finds an old entry; reading one by hand says
+    what it is instead of failing on a missing field."""
+    (tmp_path / aoti_cache.MANIFEST).write_text(
+        '{"format": "pytest-ptn aoti cache 2", "constants": {}, "keys": {}, "absent": {}}'
+    )
+    with pytest.raises(ValueError, match="format 'pytest-ptn aoti cache 2', not 'pytest-ptn aoti cache 3'"):
+        CompiledMethod.read(tmp_path)
+
+
+@needs_compiler
 def test_content_policy_shares_only_equal_constants(lowered: dict[str, AotiLowered]) -> None:
     loaded = AotiBackend().load(lowered["policy"])
     assert all(_outputs_match(POLICY, loaded))
@@ -163,7 +186,9 @@ def test_upstream_policy_shares_by_name(lowered: dict[str, AotiLowered]) -> None
 def test_upstream_refuses_a_cached_tensor_smaller_than_the_constant(tmp_path: Path) -> None:
     by_name = FqnCache()
     by_name.tensors["x"] = torch.zeros(2)
-    compiled = CompiledMethod(tmp_path, {"x": ConstantInfo("x", "torch.float32", (4,), (1,), 0, 16)}, {}, {})
+    compiled = CompiledMethod(
+        tmp_path, {"x": ConstantInfo("x", "torch.float32", (4,), (1,), 0, 16, "0" * 64)}, {}, {}
+    )
     lowered = AotiLowered(tmp_path, {"m": compiled}, frozenset(), "cpu")
 
     class Unrunnable:

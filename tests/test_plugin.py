@@ -427,3 +427,84 @@ def test_two_backends_with_one_name_are_lowered_separately(broken: pytest.Pytest
     outcomes = result.parseoutcomes()
     assert outcomes.get("passed") == 1 and outcomes.get("failed") == 1, outcomes
     result.stdout.fnmatch_lines(["FAILED *" + glob("[ptn_same_name:Patched-single_method]") + "*"])
+
+
+# --- xdist: one worker per case ----------------------------------------------------------------------------
+
+COUNT_LOWERINGS = """
+import os
+
+from pytest_ptn.harness import Case
+
+_lower_fresh = Case.lower_fresh
+
+
+def lower_fresh(self):
+    with open(os.environ["PTN_LOWERINGS"], "a") as f:
+        f.write(f"{os.getpid()} {self.scenario.name}\\n")
+    return _lower_fresh(self)
+
+
+Case.lower_fresh = lower_fresh
+"""
+
+
+def _lowerings(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, *mode: str
+) -> list[tuple[str, str]]:
+    """(process, scenario) of every lowering of a run of two scenarios' tests."""
+    from pytest_ptn.harness import Case
+
+    log = pytester.path / f"lowerings{len(mode)}.txt"
+    monkeypatch.setenv("PTN_LOWERINGS", str(log))
+    monkeypatch.setattr(Case, "lower_fresh", Case.lower_fresh)  # an in-process run patches it: undone after
+    result = run(
+        pytester, "--ptn-backend=reference", "-p", "ptn_count", "-k", "total_collision or kv_cache", *mode
+    )
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+    return [(pid, scenario) for pid, scenario in (line.split() for line in log.read_text().splitlines())]
+
+
+def test_xdist_runs_each_case_on_one_worker(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``-n 2``, every test of a (backend, scenario) goes to one worker, so the run lowers each scenario
+    as often as a serial run does (``--dist load`` alone spread them and lowered each on both workers)."""
+    pytester.makepyfile(ptn_count=COUNT_LOWERINGS)
+    pytester.makeini(f"[pytest]\npythonpath = {pytester.path}\n")
+    monkeypatch.syspath_prepend(str(pytester.path))
+    serial = _lowerings(pytester, monkeypatch)
+    parallel = _lowerings(pytester, monkeypatch, "-n", "2")
+    assert sorted(s for _, s in parallel) == sorted(s for _, s in serial)
+    workers: dict[str, set[str]] = {}
+    for pid, scenario in parallel:
+        workers.setdefault(scenario, set()).add(pid)
+    assert workers.keys() == {"total_collision", "kv_cache"}
+    assert all(len(pids) == 1 for pids in workers.values()), workers
+
+
+@pytest.mark.parametrize(
+    ("nodeid", "case"),
+    [
+        ("test_execution.py::test_x[reference-kv_cache]", "reference::kv_cache"),
+        (
+            "test_package_reader.py::test_x[pte-xnnpack-shared_weight-alias_cycle]",
+            "pte-xnnpack::shared_weight",
+        ),
+        ("test_package_reader.py::test_x[pte-shared_weight]", "pte::shared_weight"),
+        ("t.py::test_x[mod.ule:Class-kv_cache]", "mod.ule:Class::kv_cache"),
+        ("test_fuzz.py::test_generated_programs_match_eager[reference]", None),
+        ("test_x.py::test_plain", None),
+        ("test_x.py::test_x[reference-kv_cache_other]", None),
+    ],
+)
+def test_case_of_a_test_id(nodeid: str, case: str | None) -> None:
+    from pytest_ptn.plugin import case_of
+
+    backends = [
+        "pte-xnnpack",
+        "mod.ule:Class",
+        "reference",
+        "pte",
+    ]  # longest first, as the scheduler has them
+    assert case_of(nodeid, backends, ["kv_cache", "shared_weight"]) == case

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+import gc
 import struct
+import time
+import weakref
 
 import pytest
 import torch
 
+from pytest_ptn import rules
 from pytest_ptn.rules import (
     STATE,
     ConstantUse,
@@ -280,6 +285,51 @@ def test_planning_twice_gives_equal_plans() -> None:
     assert_same_plan(plan_package(methods()), plan_package(methods()))
 
 
+class CountingDigest:
+    """``rules.digest`` wrapped: which tensors (by storage address) it hashed, in order."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.hashed: list[int] = []
+        self._digest = digest
+        monkeypatch.setattr(rules, "digest", self)
+
+    def __call__(self, t: torch.Tensor) -> str:
+        self.hashed.append(t.data_ptr())
+        return self._digest(t)
+
+
+def test_a_tensor_bound_by_every_method_is_hashed_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    shared, state = torch.rand(64), torch.zeros(4)
+    methods = {
+        name: {"w": ConstantUse(shared), "kv": ConstantUse(state, mutable=True), "own": c(i)}
+        for i, name in enumerate(("prefill", "decode", "verify", "score"))
+    }
+    counted = CountingDigest(monkeypatch)
+    plan = plan_package(methods)
+    assert counted.hashed.count(shared.data_ptr()) == 1
+    assert counted.hashed.count(state.data_ptr()) == 1  # the P7 comparison across four methods
+    assert sorted(plan.aliases) == ["prefill/w", "score/w", "verify/w"]
+
+
+def test_views_of_one_storage_are_told_apart() -> None:
+    """The memo's key is the tensor's bytes' address *and* layout: views of one buffer are other content."""
+    base = torch.arange(8.0)
+    z = torch.tensor([1 + 2j, 3 - 4j])
+    plan = plan_package(
+        {
+            "a": {"lo": ConstantUse(base[:4]), "hi": ConstantUse(base[4:]), "z": ConstantUse(z)},
+            "b": {
+                "lo": ConstantUse(base[:4]),
+                "even": ConstantUse(base[::2]),
+                "zc": ConstantUse(z.conj()),
+                "zn": ConstantUse(z._neg_view()),
+            },
+        }
+    )
+    assert plan.aliases == {"b/lo": "a/lo"}
+    assert sorted(plan.entries) == ["a/hi", "a/lo", "a/z", "b/even", "b/zc", "b/zn"]
+
+
 # --- SharingCache ----------------------------------------------------------------------------------------
 
 
@@ -392,6 +442,55 @@ def test_signed_zero_and_nan_payloads_are_compared_as_bytes() -> None:
     nan = cache.share(float_from_bits(0x7FC00000))
     assert cache.share(float_from_bits(0x7FC00000)) is nan
     assert cache.share(float_from_bits(0x7FC00001)) is not nan
+
+
+def test_a_host_tensor_is_hashed_once_until_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every alias of a package owner is one host tensor: keyed once, and again after an in-place write."""
+    host = torch.arange(16.0)
+    counted = CountingDigest(monkeypatch)
+    cache = SharingCache()
+    first = cache.share(host)
+    assert cache.share(host) is first and cache.share(host[:]) is first  # a view is another tensor
+    assert len(counted.hashed) == 2
+    host.add_(1)  # bumps the version counter
+    second = cache.share(host)
+    assert second is not first and second.equal(torch.arange(1.0, 17.0))
+    assert len(counted.hashed) == 3
+
+
+def test_the_key_memo_keeps_no_host_alive() -> None:
+    cache = SharingCache()
+    host = torch.ones(4)
+    cache.share(host)
+    ref = weakref.ref(host)
+    del host
+    gc.collect()
+    assert ref() is None
+    assert cache.share(torch.zeros(4)) is not cache.share(torch.ones(4))  # no stale key under a recycled id
+
+
+def test_threads_sharing_one_content_materialize_it_once() -> None:
+    """S7: a slow materialize (an upload) widens the window a check-then-insert cache would race through."""
+    cache, calls = SharingCache(), []
+
+    def slow(host: torch.Tensor) -> torch.Tensor:
+        calls.append(host)
+        time.sleep(0.05)
+        return host.clone()
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+        shared = list(pool.map(lambda _: cache.share(torch.arange(64.0), slow), range(4)))
+    assert len(calls) == 1
+    assert all(t is shared[0] for t in shared)
+
+
+def test_a_given_key_is_used_as_is() -> None:
+    """A loader that recorded the digest next to the bytes passes the key: the bytes are not hashed again."""
+    cache = SharingCache()
+    host = torch.ones(4)
+    first = cache.share(host, key=ContentKey.of(host))
+    assert cache.share(torch.ones(4)) is first
+    assert cache.share(torch.zeros(4), key=ContentKey.of(host)) is first  # trusted: the caller vouches
 
 
 # --- digest ----------------------------------------------------------------------------------------------

@@ -56,3 +56,15 @@ def test_name_sharing_loader_shrinks_to_two_methods_one_constant_each(
     namespace: dict = {}
     exec(reproducer(smallest), namespace)  # the reproducer is valid code defining a test
     assert callable(namespace["test_reproducer"])
+
+
+def test_only_the_nightly_profile_shrinks() -> None:
+    """A known failure is an expected failure in CI: shrinking it would spend hypothesis's whole shrink
+    budget lowering ever smaller programs. Nightly shrinks (and the test above shrinks with its own
+    settings, whatever the profile)."""
+    from hypothesis import Phase
+
+    ci, nightly = settings.get_profile("ptn-ci"), settings.get_profile("ptn-nightly")
+    assert Phase.shrink not in ci.phases and Phase.explain not in ci.phases
+    assert Phase.generate in ci.phases
+    assert Phase.shrink in nightly.phases

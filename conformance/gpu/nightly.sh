@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Nightly GPU conformance run (see README.md here): the aoti backends, which compile and load on CUDA when
-# torch sees a GPU, plus the ExecuTorch CUDA delegate when this executorch build registers it.
+# torch sees a GPU, plus the ExecuTorch CUDA delegate (`cuda`) when everything it needs is installed.
 #
 #   conformance/gpu/nightly.sh OUT [pytest args...]     # report in OUT: results.json, summary.md, index.html
 #
@@ -35,11 +35,11 @@ if problems:
 EOF
 
 backends=(--ptn-backend=aoti --ptn-backend=aoti-upstream)
-if "$python" -c 'from executorch.extension.pybindings import portable_lib as p
-raise SystemExit("CudaBackend" not in p._get_registered_backend_names())' 2>/dev/null; then
+if why=$("$python" -c 'from pytest_ptn.backends.cuda import CudaDelegateBackend as B
+a = B.availability(); print(a.reason); raise SystemExit(not a.available)'); then
     backends+=(--ptn-backend=cuda)
 else
-    echo "nightly GPU run: this executorch has no CudaBackend; running the aoti backends only" >&2
+    echo "nightly GPU run: the ExecuTorch CUDA delegate cannot run here, aoti backends only: $why" >&2
 fi
 
 cd "$out"  # no project conftest or ini applies: the installed suite runs as a backend's CI would run it

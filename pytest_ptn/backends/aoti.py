@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from torch.export import ExportedProgram
 
     from pytest_ptn.aoti_cache import CompiledMethod, Runner
+    from pytest_ptn.gpu_memory import NvmlMemory
     from pytest_ptn.rules import SharingCache
 
 
@@ -145,7 +146,7 @@ class AotiLoaded(Loaded):
         self._runners: dict[str, Runner] = {}
         self._state = self._initial_state()
         self._allocated = 0
-        self._probe = _GpuMemory() if self._device == "cuda" else _MallocedMemory()
+        self._probe = _gpu_memory() if self._device == "cuda" else _MallocedMemory()
 
     def _initial_state(self) -> dict[str, torch.Tensor]:
         """One private tensor per mutated FQN, from the first container holding it (initial bytes agree)."""
@@ -225,7 +226,7 @@ class AotiLoaded(Loaded):
 
 
 class ContentSharedLoaded(AotiLoaded):
-    """The reference policy: shared by content, decided from host bytes (S1-S6)."""
+    """The reference policy: shared by content, keyed by the digests the compile cache recorded (S1-S6)."""
 
     def __init__(self, lowered: AotiLowered, lock: threading.Lock, cache: SharingCache):
         super().__init__(lowered, lock)
@@ -235,8 +236,8 @@ class ContentSharedLoaded(AotiLoaded):
         host = compiled.host_tensors()
         pairs = self._state_pairs(compiled)
         for fqn, c in compiled.constants.items():
-            if fqn not in self._state:
-                pairs[c.name] = self._cache.share(host[fqn], self._materialize)
+            if fqn not in self._state:  # keyed by the digest the cache entry recorded for these very bytes
+                pairs[c.name] = self._cache.share(host[fqn], self._materialize, c.content_key())
         if pairs:
             container.update_constant_buffer(pairs, False, True, True)
 
@@ -389,61 +390,11 @@ def _device_options(device: str) -> dict[str, object]:
     return {"aot_inductor.embed_kernel_binary": True} if device == "cuda" else {}
 
 
-class _GpuMemory:
-    """NVML: this process's usedGpuMemory where the driver reports it (not in containers without the host
-    PID namespace), else the device's used memory; sampled in a thread while loading (NVML keeps no peak)."""
+def _gpu_memory() -> NvmlMemory:
+    from pytest_ptn.gpu_memory import NvmlMemory
 
-    resolution = 20 << 20
-    """One segment of torch's caching allocator for a mid-sized tensor."""
+    return NvmlMemory(resolution=CACHING_ALLOCATOR_SEGMENT)
 
-    def __init__(self) -> None:
-        import pynvml
-        import torch
 
-        torch.empty(1, device="cuda")  # the CUDA context exists before the baseline
-        pynvml.nvmlInit()
-        uuid = torch.cuda.get_device_properties(torch.cuda.current_device()).uuid
-        self._nvml = pynvml
-        self._handle = pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
-        self._per_process = self._process_bytes() is not None
-        self.name = "NVML " + ("usedGpuMemory of this process" if self._per_process else "device used memory")
-        self._base: int | None = None
-        self.peak: int | None = None
-
-    def _process_bytes(self) -> int | None:
-        return next(
-            (
-                p.usedGpuMemory
-                for p in self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle)
-                if p.pid == os.getpid()
-            ),
-            None,
-        )
-
-    def _used(self) -> int:
-        if self._per_process:
-            return self._process_bytes() or 0
-        return int(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used)
-
-    def around(self, load: Callable[[], None]) -> None:
-        import torch
-
-        samples = [self._used()]
-        if self._base is None:
-            self._base = samples[0]
-        done = threading.Event()
-
-        def sample() -> None:
-            while not done.wait(0.001):
-                samples.append(self._used())
-
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
-        try:
-            load()
-            torch.cuda.synchronize()
-        finally:
-            done.set()
-            sampler.join()
-        samples.append(self._used())
-        self.peak = max(self.peak or 0, max(samples) - self._base)
+CACHING_ALLOCATOR_SEGMENT = 20 << 20
+"""The resolution on CUDA: cache copies come from torch's caching allocator, which reserves in segments."""

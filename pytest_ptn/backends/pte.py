@@ -107,7 +107,8 @@ class PteBackend(Backend):
             return Availability(False, "executorch is not installed")
         return Availability(True, versions={d: package_version(d) or "?" for d in ("executorch", "torch")})
 
-    def partitioners(self) -> list[Any]:
+    def partitioners(self, method: str) -> list[Any]:
+        """Partitioners for one method (a delegate may need the method's name in its compile specs)."""
         return []
 
     def transform_passes(self) -> list[Any]:
@@ -123,7 +124,9 @@ class PteBackend(Backend):
             from executorch.exir import to_edge_transform_and_lower
 
             edge = to_edge_transform_and_lower(
-                programs, transform_passes=self.transform_passes(), partitioner=self.partitioners()
+                programs,
+                transform_passes=self.transform_passes(),
+                partitioner={method: self.partitioners(method) for method in programs},
             )
             et = edge.to_executorch(self.config())
         path = workdir / "program.pte"
@@ -150,7 +153,7 @@ class XnnpackBackend(PteBackend):
 
     name = "pte-xnnpack"
 
-    def partitioners(self) -> list[Any]:
+    def partitioners(self, method: str) -> list[Any]:
         from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
         return [XnnpackPartitioner()]
