@@ -8,6 +8,7 @@ both without xdist and with ``-n 2``.
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 import tempfile
 import xml.etree.ElementTree as ET
@@ -508,3 +509,19 @@ def test_case_of_a_test_id(nodeid: str, case: str | None) -> None:
         "pte",
     ]  # longest first, as the scheduler has them
     assert case_of(nodeid, backends, ["kv_cache", "shared_weight"]) == case
+
+
+def test_no_installed_backend_imports_torch_or_executorch_to_say_whether_it_is_available() -> None:
+    """The plugin asks requested backends at start-up: importing either costs seconds there."""
+    code = (
+        "import sys\n"
+        "from pytest_ptn.backend import installed_backends\n"
+        "for name, entry in sorted(installed_backends().items()):\n"
+        "    entry.load().availability()\n"
+        "    heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'executorch'))\n"
+        "    print(name, *heavy[:3])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    lines = done.stdout.splitlines()
+    assert {line.split()[0] for line in lines} >= {"reference", "native", "pte", "aoti", "cuda"}
+    assert [line for line in lines if len(line.split()) > 1] == []

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -39,19 +38,6 @@ def test_a_child_returns_its_result_and_reraises_its_exception() -> None:
         run_isolated(int, "seven")
     assert isinstance(info.value.__cause__, RemoteTraceback)
     assert "Traceback" in str(info.value.__cause__)
-
-
-def test_importing_the_backends_and_asking_availability_imports_neither_torch_nor_executorch() -> None:
-    code = (
-        "import sys\n"
-        "from pytest_ptn.backends import pte\n"
-        "for name in 'PteBackend', 'XnnpackBackend', 'ExternalConstantsBackend', 'SharedStateBackend':\n"
-        "    getattr(pte, name).availability()\n"
-        "print(' '.join(m for m in sys.modules if m.split('.')[0] in ('torch', 'executorch')))\n"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    heavy = ("torch", "executorch.exir", "executorch.runtime", "executorch.extension")
-    assert not [m for m in done.stdout.split() if m.startswith(heavy)]
 
 
 def test_each_variant_has_its_own_name_and_only_the_shared_state_one_shows_state() -> None:

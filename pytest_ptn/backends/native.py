@@ -118,7 +118,7 @@ class NativeBackend(Backend):
         missing = [m for m in ("torch", "executorch", "safetensors") if importlib.util.find_spec(m) is None]
         if missing:
             return Availability(False, f"missing {', '.join(missing)} (pip install 'pytest-ptn[executorch]')")
-        if importlib.util.find_spec("executorch.exir.native") is None:
+        if not _has_to_native():
             return Availability(
                 False, f"executorch {package_version('executorch')} has no exir.native (to_native)"
             )
@@ -140,3 +140,13 @@ class NativeBackend(Backend):
         from pytest_ptn.ptn_package import read_ptn
 
         return NativeLoaded(PtnInterpreter(read_ptn(lowered.path)))
+
+
+def _has_to_native() -> bool:
+    """Whether executorch ships ``exir.native``, looked up on disk: ``find_spec`` of a submodule imports its
+    parent packages, and ``executorch.exir`` imports torch (seconds, at plugin start-up)."""
+    spec = importlib.util.find_spec("executorch")
+    roots = spec.submodule_search_locations if spec else None
+    return any(
+        (Path(root) / "exir" / name).exists() for root in roots or () for name in ("native", "native.py")
+    )
