@@ -3,6 +3,13 @@
 Importing this package imports neither torch nor executorch; see ``pytest_ptn.plugin``.
 """
 
+import importlib.metadata
+
 from pytest_ptn.spec import Branch, Constant, Method, ProgramSpec, Scenario, Write
 
-__all__ = ["Branch", "Constant", "Method", "ProgramSpec", "Scenario", "Write"]
+DISTRIBUTION = "pytest-ptn"
+
+__version__ = importlib.metadata.version(DISTRIBUTION)
+"""The installed distribution's version: pyproject.toml is its one source."""
+
+__all__ = ["DISTRIBUTION", "Branch", "Constant", "Method", "ProgramSpec", "Scenario", "Write", "__version__"]

@@ -1,20 +1,48 @@
-"""Command line for work on result files outside a pytest run, e.g. combining the per-backend jobs of CI.
+"""Command line outside a pytest run: what is installed, and work on result files (combining CI's jobs).
 
+python -m pytest_ptn --version
+python -m pytest_ptn list {backends,scenarios,rules} [--json]
 python -m pytest_ptn report merge A.json B.json ... -o OUTDIR [--previous OLD.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from pytest_ptn import matrix
+from pytest_ptn import DISTRIBUTION, __version__, inventory, matrix
+from pytest_ptn.ruleset import SPEC_VERSION
+
+LISTINGS: dict[str, tuple[Callable[[], list[Any]], Callable[[list[Any]], list[str]]]] = {
+    "backends": (inventory.backends, inventory.render_backends),
+    "scenarios": (inventory.scenarios, inventory.render_scenarios),
+    "rules": (inventory.rules, inventory.render_rules),
+}
+"""What ``list`` can show: how to gather it, how to print it as text."""
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pytest_ptn", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"{DISTRIBUTION} {__version__} (conformance spec v{SPEC_VERSION})",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
+    listing = commands.add_parser(
+        "list",
+        help="what is installed and known: backends, scenarios or rules",
+        description="backends: availability, versions, capabilities and the rules each can show; "
+        "scenarios: the catalogue with tags; rules: level, title and the capabilities each needs.",
+    )
+    listing.add_argument("what", choices=sorted(LISTINGS))
+    listing.add_argument("--json", action="store_true", help="one JSON array, for machines")
+    listing.set_defaults(run=_list)
     report = commands.add_parser("report", help="work with results.json files written by --ptn-report")
     report_commands = report.add_subparsers(dest="report_command", required=True)
     merge = report_commands.add_parser(
@@ -37,6 +65,16 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, matrix.ResultsFormatError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+
+
+def _list(args: argparse.Namespace) -> int:
+    gather, render = LISTINGS[args.what]
+    infos = gather()
+    if args.json:
+        print(json.dumps([dataclasses.asdict(info) for info in infos], indent=2))
+    else:
+        print("\n".join(render(infos)))
+    return 0
 
 
 def _merge(args: argparse.Namespace) -> int:

@@ -10,15 +10,27 @@ keys to the container's and records the sha256 of every constant's bytes in ``we
 written into a temporary folder and renamed into place, so concurrent workers never see half an entry, and
 are never written again: the digests stay those of the bytes next to them, so a loader keys its sharing
 cache with them instead of hashing every weight again on every load (S2, S3).
+
+A cache outlives the processes that write it (killed compiles, partly restored CI caches, full disks), so
+entries are synced to disk before they are published and checked against their manifest (sizes, and the
+.so's digest) before every use: a damaged entry costs one recompile and a logged warning, never a failed
+lowering or a process killed by a truncated .so. Whoever next compiles removes the folders of compiles
+whose process died.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -31,7 +43,7 @@ from pytest_ptn.exported import constants_of
 from pytest_ptn.rules import ContentKey, digest
 
 CACHE_ENV = "PTN_AOTI_CACHE"
-FORMAT = "pytest-ptn aoti cache 3"
+FORMAT = "pytest-ptn aoti cache 4"
 """Bumped whenever the layout of an entry changes, so old entries are never misread."""
 ALIGNMENT = 64
 """AOTI_CONST_ALIGNMENT (aoti_runtime/model_base.h): each constant's slot in the blob AOTI allocates."""
@@ -45,6 +57,28 @@ MANIFEST = "manifest.json"
 SO = "model.wrapper.so"
 BLOB = "weights.blob"
 WEIGHTS = "weights.bin"
+FILES = (SO, BLOB, WEIGHTS)
+"""The files of an entry besides its manifest, which records each one's size."""
+HASHED = frozenset({SO})
+"""Files whose sha256 the manifest records and every use checks: a damaged .so kills the process that loads
+it (SIGBUS, SIGSEGV), and hashing its few MB costs milliseconds. Weights are checked by size only: GBs for
+a real model, and damaged bytes there give wrong outputs, not a crash."""
+TEMPORARY_PREFIX = ".tmp-"
+LOCK = ".lock"
+"""In a compile's temporary folder, locked (flock) by the compiling process until it is done: the kernel
+releases the lock when that process dies, so an unlocked folder is abandoned, whatever its age."""
+ABANDONED_AFTER_S = 3600
+"""Age after which a temporary folder without a lock file is abandoned: one being created this instant
+has none yet, nor does a discarded entry being removed or a folder left by an older pytest-ptn."""
+
+log = logging.getLogger(__name__)
+"""Damaged entries are logged, not warned: under ``filterwarnings = error`` a warning would turn the
+recompile that repairs the entry into the failure it avoids, and the suite reports warnings raised during
+a backend's calls as the backend's own."""
+
+
+class BrokenEntryError(ValueError):
+    """A cache entry that does not match its manifest, or whose manifest is unreadable."""
 
 
 class Runner(Protocol):
@@ -101,6 +135,36 @@ class ConstantInfo:
 
 
 @dataclass(frozen=True)
+class FileRecord:
+    """What the manifest records of one file of an entry, to tell a damaged file before it is used."""
+
+    size: int
+    sha256: str | None = None
+    """Only for the files in ``HASHED``."""
+
+    @classmethod
+    def of(cls, path: Path) -> FileRecord:
+        return cls(path.stat().st_size, _file_sha256(path) if path.name in HASHED else None)
+
+    def problem(self, path: Path) -> str | None:
+        """What is wrong with ``path``, or None. The size is checked before the digest: a truncated .so is
+        refused before anything maps it."""
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            return f"{path.name} is missing"
+        if size != self.size:
+            return f"{path.name} has {size} B, the manifest records {self.size} B"
+        if self.sha256 is not None and _file_sha256(path) != self.sha256:
+            return f"{path.name} does not have the sha256 the manifest records"
+        return None
+
+
+def _file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@dataclass(frozen=True)
 class CompiledMethod:
     """A cache entry: one compiled method, what its container holds, how the program's keys map to it."""
 
@@ -140,43 +204,130 @@ class CompiledMethod:
 
     @classmethod
     def read(cls, entry: Path) -> CompiledMethod:
-        m = json.loads((entry / MANIFEST).read_text())
+        """The entry in ``entry``, once its manifest parses and every file matches it, else
+        ``BrokenEntryError`` saying what is wrong."""
+        where = f"AOTI cache entry {entry}"
+        try:
+            m = json.loads((entry / MANIFEST).read_text())
+        except (OSError, ValueError) as e:
+            raise BrokenEntryError(f"{where}: {MANIFEST} is unreadable ({type(e).__name__}: {e})") from e
+        if not isinstance(m, dict):
+            raise BrokenEntryError(f"{where}: {MANIFEST} holds a {type(m).__name__}, not an object")
         if m.get("format") != FORMAT:  # cache keys include FORMAT, so only a path given by hand gets here
-            raise ValueError(f"{entry}: a cache entry of format {m.get('format')!r}, not {FORMAT!r}")
-        constants = {
-            fqn: ConstantInfo(
-                c["name"],
-                c["dtype"],
-                tuple(c["shape"]),
-                tuple(c["stride"]),
-                c["offset"],
-                c["nbytes"],
-                c["sha256"],
-            )
-            for fqn, c in m["constants"].items()
-        }
-        return cls(entry, constants, m["keys"], m["absent"])
+            raise BrokenEntryError(f"{where}: a cache entry of format {m.get('format')!r}, not {FORMAT!r}")
+        try:
+            files = {name: FileRecord(**m["files"][name]) for name in FILES}
+            constants = {
+                fqn: ConstantInfo(
+                    c["name"],
+                    c["dtype"],
+                    tuple(c["shape"]),
+                    tuple(c["stride"]),
+                    c["offset"],
+                    c["nbytes"],
+                    c["sha256"],
+                )
+                for fqn, c in m["constants"].items()
+            }
+            keys, absent = dict(m["keys"]), dict(m["absent"])
+        except (KeyError, TypeError, AttributeError, ValueError) as e:
+            raise BrokenEntryError(f"{where}: {MANIFEST} is malformed ({type(e).__name__}: {e})") from e
+        for name, record in files.items():
+            problem = record.problem(entry / name)
+            if problem is not None:
+                raise BrokenEntryError(f"{where}: {problem}")
+        return cls(entry, constants, keys, absent)
 
 
 def compile_method(ep: ExportedProgram, options: dict[str, Any], device: str, label: str) -> CompiledMethod:
-    """``ep`` compiled for ``device``, from the cache when an entry with its key exists."""
+    """``ep`` compiled for ``device``, from the cache when it holds a sound entry with its key; a damaged
+    one is discarded and compiled again."""
     root = cache_dir()
     key = cache_key(ep, options, device)
     entry = root / key[:2] / key
-    if (entry / MANIFEST).exists():
-        return CompiledMethod.read(entry)
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=entry.parent, prefix=".tmp-"))
-    try:
-        _compile_into(tmp, ep, options, device, label)
+    if entry.exists():
         try:
-            tmp.rename(entry)
-        except OSError:
-            if not (entry / MANIFEST).exists():  # not a concurrent writer's finished entry
-                raise
+            return CompiledMethod.read(entry)
+        except BrokenEntryError as e:
+            log.warning("%s; discarded, compiling it again", e)
+            _discard(entry)
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned_temporaries(root)
+    with compile_folder(entry.parent) as tmp:
+        _compile_into(tmp, ep, options, device, label)
+        _publish(tmp, entry)
+    return CompiledMethod.read(entry)
+
+
+@contextmanager
+def compile_folder(parent: Path) -> Iterator[Path]:
+    """A private temporary folder in ``parent``, holding ``LOCK`` locked while it is in use. The lock is
+    taken on a file of another name and renamed to ``LOCK``, so no cleaner ever finds it unlocked."""
+    tmp = Path(tempfile.mkdtemp(dir=parent, prefix=TEMPORARY_PREFIX))
+    try:
+        with open(tmp / f"{LOCK}.new", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            os.rename(tmp / f"{LOCK}.new", tmp / LOCK)
+            yield tmp
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return CompiledMethod.read(entry)
+
+
+def _publish(tmp: Path, entry: Path) -> None:
+    """Rename the finished ``tmp`` to ``entry`` once its bytes are on disk: a rename can reach the disk
+    before the data it names, and a crash then leaves an entry whose files are empty or short."""
+    for name in (*FILES, MANIFEST):
+        _fsync(tmp / name)
+    (tmp / LOCK).unlink()
+    _fsync(tmp)
+    try:
+        tmp.rename(entry)
+    except OSError:
+        if not (entry / MANIFEST).exists():  # not a concurrent writer's finished entry
+            raise
+    _fsync(entry.parent)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _discard(entry: Path) -> None:
+    """Move ``entry`` aside in one rename, so no reader finds it half removed, then remove it."""
+    aside = entry.with_name(f"{TEMPORARY_PREFIX}{uuid.uuid4().hex}")
+    try:
+        entry.rename(aside)
+    except FileNotFoundError:  # another worker discarded it first
+        return
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def _remove_abandoned_temporaries(root: Path) -> None:
+    """Remove the temporary folders of compiles whose process died (killed, out of memory), never one a
+    live compile holds, in this process or any other sharing the cache (xdist workers)."""
+    for tmp in root.glob(f"*/{TEMPORARY_PREFIX}*"):
+        if _abandoned(tmp):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _abandoned(tmp: Path) -> bool:
+    try:
+        with open(tmp / LOCK) as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            return True
+    except OSError:  # no lock file (or not a folder): judged by age
+        pass
+    try:
+        return time.time() - tmp.stat().st_mtime > ABANDONED_AFTER_S
+    except FileNotFoundError:  # its compile finished or its remover got there first
+        return False
 
 
 def cache_key(ep: ExportedProgram, options: dict[str, Any], device: str) -> str:
@@ -271,6 +422,7 @@ def _compile_into(out: Path, ep: ExportedProgram, options: dict[str, Any], devic
     keys, absent = _map_keys(ep, held, label)
     manifest = {
         "format": FORMAT,
+        "files": {name: asdict(FileRecord.of(out / name)) for name in FILES},
         "constants": {k: asdict(v) for k, v in infos.items()},
         "keys": keys,
         "absent": absent,

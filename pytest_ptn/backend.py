@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 import importlib
 import importlib.metadata
+import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -143,31 +144,68 @@ class Backend(ABC):
         """Load a fresh, independent copy of a lowered program."""
 
 
-class BackendNotFound(LookupError):
-    pass
+class BackendError(Exception):
+    """A backend that cannot be used as given; the one-line message names the spec and what is wrong."""
+
+
+class BackendNotFound(BackendError, LookupError):
+    """No backend by that name, or its module cannot be imported."""
 
 
 def installed_backends() -> dict[str, importlib.metadata.EntryPoint]:
     return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
 
 
+def one_line(e: BaseException) -> str:
+    """An exception raised by a backend's own code, as one line of a usage error."""
+    return f"{type(e).__name__}: {' '.join(str(e).split())}"
+
+
+def is_module_class_path(spec: str) -> bool:
+    module_name, _, attr = spec.partition(":")
+    return all(part.isidentifier() for part in module_name.split(".")) and attr.isidentifier()
+
+
 def resolve_backend(spec: str) -> type[Backend]:
-    """A backend class from an installed name or a ``module:Class`` path."""
+    """A concrete backend class from an installed name or a ``module:Class`` path.
+
+    Importing runs the backend's own code, so any exception it raises is reported as BackendNotFound."""
     if ":" in spec:
+        if not is_module_class_path(spec):
+            raise BackendNotFound(f"{spec!r} is neither an installed backend nor a module:Class path")
         module_name, _, attr = spec.partition(":")
         try:
             cls = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as e:
-            raise BackendNotFound(f"cannot import backend {spec!r}: {e}") from e
+        except Exception as e:
+            raise BackendNotFound(f"cannot import backend {spec!r}: {one_line(e)}") from e
     else:
         installed = installed_backends()
         if spec not in installed:
             known = ", ".join(sorted(installed)) or "none"
             raise BackendNotFound(f"unknown backend {spec!r} (installed: {known})")
-        cls = installed[spec].load()
+        try:
+            cls = installed[spec].load()
+        except Exception as e:
+            raise BackendNotFound(
+                f"cannot import backend {spec!r} ({installed[spec].value}): {one_line(e)}"
+            ) from e
     if not (isinstance(cls, type) and issubclass(cls, Backend)):
-        raise BackendNotFound(f"{spec!r} is not a pytest_ptn.backend.Backend subclass")
+        raise BackendError(f"{spec!r} is not a pytest_ptn.backend.Backend subclass")
+    if inspect.isabstract(cls):
+        missing = ", ".join(sorted(cls.__abstractmethods__))
+        raise BackendError(f"backend {spec!r} is abstract: it does not implement {missing}")
     return cls
+
+
+def availability_of(spec: str, cls: type[Backend]) -> Availability:
+    """``cls.availability()``, with a probe that raises or returns something else reported as BackendError."""
+    try:
+        availability = cls.availability()
+    except Exception as e:
+        raise BackendError(f"backend {spec!r}: availability() raised {one_line(e)}") from e
+    if not isinstance(availability, Availability):
+        raise BackendError(f"backend {spec!r}: availability() returned {availability!r}, not an Availability")
+    return availability
 
 
 def package_version(dist: str) -> str | None:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import ctypes
 import importlib.util
-import warnings
 from pathlib import Path
+
+from pytest_ptn import upstream_noise
 
 # executorch::runtime::BackendOption: char key[64]; std::variant<bool, int, std::array<char, 256>> value.
 _KEY_BYTES = 64
@@ -107,8 +108,7 @@ def _call(symbol: str, backend: str, option: _BackendOption, what: str) -> None:
 
 def _runtime() -> ctypes.CDLL:
     """libexecutorch.so as the pybindings loaded it: importing them first registers their backends."""
-    with warnings.catch_warnings():  # executorch's import-time notices are not the caller's concern
-        warnings.simplefilter("ignore")
+    with upstream_noise.contained():  # executorch's import-time notices are not the caller's concern
         from executorch.extension.pybindings import portable_lib  # noqa: F401
 
     spec = importlib.util.find_spec("executorch")

@@ -31,6 +31,10 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 
+ENTRY_FIELDS = ("rule", "scenario", "reason", "link")
+"""What every ``[[xfail]]`` entry states, each a non-empty string."""
+
+
 class ExpectationsError(ValueError):
     """A malformed expectations file; the message names the file and the entry."""
 
@@ -76,7 +80,9 @@ class ExpectationFile:
 
 def read(path: Path) -> ExpectationFile:
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ExpectationsError(f"{path}: not UTF-8 text ({e})") from e
     except (OSError, tomllib.TOMLDecodeError) as e:
         raise ExpectationsError(f"{path}: {e}") from e
     backend = data.get("backend")
@@ -89,16 +95,25 @@ def read(path: Path) -> ExpectationFile:
         raise ExpectationsError(f"{path}: 'xfail' must be an array of tables ([[xfail]])")
     requires: dict[str, SpecifierSet] = {}
     for dist, spec in raw_requires.items():
+        if not isinstance(spec, str):
+            raise ExpectationsError(
+                f"{path}: requires.{dist} must be a version specifier string, not {spec!r}"
+            )
         try:
             requires[dist] = SpecifierSet(spec)
-        except (InvalidSpecifier, TypeError) as e:
+        except InvalidSpecifier as e:
             raise ExpectationsError(f"{path}: requires.{dist}: {e}") from e
     entries = []
     for i, raw in enumerate(raw_entries):
         where = f"{path}: xfail #{i + 1}"
-        missing = [k for k in ("rule", "scenario", "reason", "link") if not raw.get(k)]
+        missing = [k for k in ENTRY_FIELDS if raw.get(k) in (None, "")]
         if missing:
             raise ExpectationsError(f"{where}: missing {', '.join(missing)}")
+        not_text = [
+            f"{k} must be a string, not {raw[k]!r}" for k in ENTRY_FIELDS if not isinstance(raw[k], str)
+        ]
+        if not_text:
+            raise ExpectationsError(f"{where}: {'; '.join(not_text)}")
         if raw["rule"] not in RULES:
             raise ExpectationsError(f"{where}: unknown rule {raw['rule']!r}")
         if raw["scenario"] not in ("*", "fuzz") and raw["scenario"] not in BY_NAME:

@@ -24,10 +24,9 @@ def functionalize(
     programs: dict[str, torch.export.ExportedProgram],
 ) -> dict[str, torch.export.ExportedProgram]:
     """Core-ATen functional programs: mutations become outputs listed in the graph signature."""
-    import warnings
+    from pytest_ptn import upstream_noise
 
-    with warnings.catch_warnings():  # torch's own pytree deprecation noise, once per program
-        warnings.simplefilter("ignore", FutureWarning)
+    with upstream_noise.contained():  # torch's own pytree deprecation noise, once per program
         return {m: ep.run_decompositions({}) for m, ep in programs.items()}
 
 
@@ -70,8 +69,24 @@ class Case:
             self._inspected[name] = functionalize(self.program.export())
         return self._inspected[name]
 
+    def _enter(self, step: str) -> None:
+        """Note a backend step for crash isolation; fail at once if it crashed a worker earlier."""
+        from pytest_ptn import crashes
+        from pytest_ptn.catalogue import BY_NAME
+
+        try:
+            crashes.enter(self.backend.name, self.scenario.name, step, self.scenario.name in BY_NAME)
+            return
+        except crashes.CrashedEarlier as e:
+            earlier = str(e)
+        import pytest
+
+        pytest.fail(earlier, pytrace=False)
+
     def lower_fresh(self) -> Lowered:
-        return self.backend.lower(self.program.export(), self._workdir(self.scenario.name))
+        programs = self.program.export()
+        self._enter("lowering")
+        return self.backend.lower(programs, self._workdir(self.scenario.name))
 
     def lower(self) -> Lowered:
         """The session's lowering of this case; a rejection is re-raised for every test that asks."""
@@ -91,7 +106,9 @@ class Case:
         return result  # type: ignore[return-value]
 
     def load(self) -> Loaded:
-        return self.backend.load(self.lower())
+        lowered = self.lower()
+        self._enter("loading")
+        return self.backend.load(lowered)
 
     def eager(self) -> list[EagerCall]:
         return self.program.eager()
@@ -120,6 +137,7 @@ class Case:
         mismatches = []
         for i, call in enumerate(calls if calls is not None else self.eager()):
             given = [t.clone() for t in call.inputs]
+            self._enter(f"running {call.method}()")
             got = loaded.run(call.method, given)
             if len(got) != len(call.outputs):
                 mismatches.append(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 import json
 import re
+import reprlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -34,6 +35,17 @@ _LETTERS = {FAIL: "F", XPASS: "X", XFAIL: "x", PASS: "p", NOT_APPLICABLE: "-", S
 LEGEND = "legend: F fail  X xpass (a fail)  x xfail (known bug)  p pass  - n/a  s skip  . not run"
 _WORDS = {FAIL: "fail", XPASS: "xpass", XFAIL: "xfail", PASS: "pass", NOT_APPLICABLE: "n/a", SKIP: "skip"}
 _LEVELS = ("MUST", "SHOULD")
+
+UNKNOWN_RULE = "?"
+"""The rule of a test that failed without ptn properties (a crash or internal error report): counted as a MUST
+failure so that no failed test is left out of the matrix."""
+UNKNOWN_RULE_TITLE = "rules unknown: a test failed"
+
+NOTHING_RAN = "not applicable"
+"""The verdict of a level none of whose tests ran (every cell n/a or skipped)."""
+
+MAX_REASON_LINES = 40
+MAX_REASON_CHARS = 4000
 
 
 class ResultsFormatError(ValueError):
@@ -114,8 +126,10 @@ def from_dict(data: Any) -> Results:
             f"{SCHEMA} version {data.get('version')!r} is not supported "
             f"(this pytest-ptn reads version {SCHEMA_VERSION})"
         )
+    if not isinstance(data.get("results"), list):
+        raise ResultsFormatError(f"malformed {SCHEMA} document: results must be a list")
     try:
-        results = [Result(**row) for row in data["results"]]
+        results = [_result(i, row) for i, row in enumerate(data["results"])]
         doc = Results(
             spec_version=str(data["spec_version"]),
             provenance={str(k): str(v) for k, v in data["provenance"].items()},
@@ -124,17 +138,52 @@ def from_dict(data: Any) -> Results:
         )
     except (KeyError, TypeError, AttributeError) as exc:
         raise ResultsFormatError(f"malformed {SCHEMA} document: {exc}") from exc
-    for r in results:
-        if r.outcome not in OUTCOMES:
-            raise ResultsFormatError(f"unknown outcome {r.outcome!r} for {r.nodeid} ({r.rule})")
     return doc
+
+
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "rule": (str,),
+    "level": (str,),
+    "scenario": (str, type(None)),
+    "backend": (str,),
+    "outcome": (str,),
+    "reason": (str,),
+    "repro": (str,),
+    "seed": (int, type(None)),
+    "nodeid": (str,),
+}
+
+
+def _result(index: int, row: Any) -> Result:
+    """One results row, every field of the type the renderings and merge rely on."""
+    where = f"result #{index}"
+    if not isinstance(row, dict):
+        raise ResultsFormatError(f"{where} is not an object: {reprlib.repr(row)}")
+    where += f" ({reprlib.repr(row.get('nodeid'))})"
+    if set(row) != set(_FIELD_TYPES):
+        fields = ", ".join(sorted(set(row) ^ set(_FIELD_TYPES)))
+        raise ResultsFormatError(f"{where}: missing or unknown fields: {fields}")
+    for name, types in _FIELD_TYPES.items():
+        value = row[name]
+        if not isinstance(value, types) or isinstance(value, bool):
+            kind = " or ".join("null" if t is type(None) else t.__name__ for t in types)
+            raise ResultsFormatError(f"{where}: {name} must be {kind}, not {reprlib.repr(value)}")
+    if row["level"] not in _LEVELS:
+        raise ResultsFormatError(f"{where}: level must be one of {', '.join(_LEVELS)}, not {row['level']!r}")
+    if row["outcome"] not in OUTCOMES:
+        raise ResultsFormatError(f"{where}: unknown outcome {reprlib.repr(row['outcome'])}")
+    return Result(**row)
 
 
 def load(path: Path) -> Results:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ResultsFormatError(f"{path}: not UTF-8 text: {exc}") from exc
     except json.JSONDecodeError as exc:
         raise ResultsFormatError(f"{path}: not JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise ResultsFormatError(f"{path}: JSON nested too deeply to read") from exc
     try:
         return from_dict(data)
     except ResultsFormatError as exc:
@@ -301,7 +350,8 @@ def build_matrix(results: Iterable[Result]) -> Matrix:
     rows: dict[str, Row] = {}
     for r in sort_results(results):
         rule = RULES.get(r.rule)
-        row = rows.setdefault(r.rule, Row(r.rule, rule.title if rule else "", r.level, {}))
+        title = rule.title if rule else UNKNOWN_RULE_TITLE if r.rule == UNKNOWN_RULE else ""
+        row = rows.setdefault(r.rule, Row(r.rule, title, r.level, {}))
         row.cells.setdefault(r.backend, Cell()).results.append(r)
     backends = sorted({b for row in rows.values() for b in row.cells}, key=backend_sort_key)
     return Matrix(backends, list(rows.values()))
@@ -312,6 +362,49 @@ def one_line(text: str, limit: int = 300) -> str:
     line = next((ln for ln in text.splitlines() if ln.strip()), "")
     line = " ".join(line.split())
     return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def whole_reason(text: str, max_lines: int = MAX_REASON_LINES, max_chars: int = MAX_REASON_CHARS) -> str:
+    """The whole failure message (every mismatch line is the finding), capped so that one runaway message
+    cannot swamp a report: at most ``max_lines`` lines and about ``max_chars`` characters."""
+    lines = [ln.rstrip() for ln in text.strip("\n").splitlines()]
+    kept: list[str] = []
+    size = 0
+    for line in lines:
+        if len(kept) == max_lines or size + len(line) > max_chars:
+            break
+        kept.append(line)
+        size += len(line) + 1
+    if not kept and lines:  # one line longer than the whole budget
+        kept = [lines[0][: max_chars - 3] + "..."]
+    dropped = len(lines) - len(kept)
+    if dropped:
+        kept.append(f"... {dropped} more line{'s' if dropped > 1 else ''}")
+    return "\n".join(kept)
+
+
+@dataclass
+class Finding:
+    """One failing test's result (a test checking several rules yields one Result per rule, one Finding)."""
+
+    rules: list[str]
+    result: Result
+
+    @property
+    def title(self) -> str:
+        r = self.result
+        scenario = f" · {r.scenario}" if r.scenario else ""
+        seed = f" (seed {r.seed})" if r.seed is not None else ""
+        return f"{', '.join(self.rules)} on {r.backend}{scenario}{seed}"
+
+
+def findings(results: Iterable[Result], outcomes: tuple[str, ...]) -> list[Finding]:
+    """The results with these outcomes, one per test and backend, in canonical order."""
+    grouped: dict[tuple[str, str], Finding] = {}
+    for r in sort_results(results):
+        if r.outcome in outcomes:
+            grouped.setdefault((r.nodeid, r.backend), Finding([], r)).rules.append(r.rule)
+    return list(grouped.values())
 
 
 # --- text ---------------------------------------------------------------------------------------------
@@ -347,6 +440,13 @@ def render_text(doc: Results, paint: Paint = _no_paint) -> list[str]:
                 cells.append(text + " " * (widths[b] - len(cell.label if cell else ".")))
             lines.append(f"  {names[row.rule].ljust(name_width)}  " + "  ".join(cells).rstrip())
     lines.append(LEGEND)
+    failed = findings(doc.results, (FAIL, XPASS))
+    if failed:
+        lines += ["", f"failures ({len(failed)}):"]
+        for finding in failed:
+            lines.append(f"  {_LETTERS[finding.result.outcome]} {finding.title}")
+            lines += [f"      {line}".rstrip() for line in finding.result.reason.splitlines()]
+            lines.append(f"    reproduce: {finding.result.repro}")
     return lines
 
 
@@ -404,15 +504,21 @@ def _md_code(text: str) -> str:
     return f"{fence}{pad}{text}{pad}{fence}"
 
 
-def _md_results_table(results: Sequence[Result]) -> list[str]:
+def _md_lines(text: str) -> str:
+    """Table-cell text that keeps its lines: each line as `_md`, joined by the one tag a cell allows."""
+    return "<br>".join(_md(line) for line in text.splitlines() if line.strip())
+
+
+def _md_results_table(found: Sequence[Finding]) -> list[str]:
     lines = ["| rule | backend | scenario | outcome | reason | reproduce |", "|---|---|---|---|---|---|"]
-    for r in results:
+    for finding in found:
+        r = finding.result
         scenario = r.scenario or ""
         if r.seed is not None:
             scenario += f" (seed {r.seed})"
         lines.append(
-            f"| {_md(r.rule)} | {_md(r.backend)} | {_md(scenario)} | {r.outcome} | {_md(r.reason)} | "
-            f"{_md_code(r.repro)} |"
+            f"| {_md(', '.join(finding.rules))} | {_md(r.backend)} | {_md(scenario)} | {r.outcome} | "
+            f"{_md_lines(r.reason)} | {_md_code(r.repro)} |"
         )
     return lines
 
@@ -453,11 +559,10 @@ def render_markdown(doc: Results, changes: Sequence[CellChange] | None = None) -
         "➖ not applicable · ⏭️ skipped",
         "",
     ]
-    results = sort_results(doc.results)
-    failures = [r for r in results if r.outcome in (FAIL, XPASS)]
+    failures = findings(doc.results, (FAIL, XPASS))
     if failures:
         lines += ["### Failures", ""] + _md_results_table(failures) + [""]
-    xfails = [r for r in results if r.outcome == XFAIL]
+    xfails = findings(doc.results, (XFAIL,))
     if xfails:
         lines += [f"<details><summary>Expected failures (known bugs): {len(xfails)}</summary>", ""]
         lines += _md_results_table(xfails) + ["", "</details>", ""]
@@ -466,18 +571,34 @@ def render_markdown(doc: Results, changes: Sequence[CellChange] | None = None) -
 
 def _verdict(matrix: Matrix) -> str:
     parts = []
-    for level, failing in _verdicts(matrix):
+    for level, failing, ran in _verdicts(matrix):
         cells = ", ".join(f"{rule} on {backend}" for rule, backend in failing)
         parts.append(
-            f"**{level}: {len(failing)} failing** ({cells})" if failing else f"**{level}: all pass**"
+            f"**{level}: {len(failing)} failing** ({cells})"
+            if failing
+            else f"**{level}: {'all pass' if ran else NOTHING_RAN}**"
         )
     return " · ".join(parts) or "No conformance results."
 
 
-def _verdicts(matrix: Matrix) -> list[tuple[str, list[tuple[str, str]]]]:
-    """(level, failing (rule, backend) cells) for each MUST/SHOULD level that has results."""
+def _verdicts(matrix: Matrix) -> list[tuple[str, list[tuple[str, str]], bool]]:
+    """(level, failing (rule, backend) cells, whether any of its tests ran) for each MUST/SHOULD level that
+    has results. A level whose every cell is n/a or skipped ran nothing: it did not "all pass"."""
     present = {row.level for row in matrix.rows}
-    return [(level, matrix.failing(level)) for level in _LEVELS if level in present]
+    return [
+        (
+            level,
+            matrix.failing(level),
+            any(
+                c.status not in (NOT_APPLICABLE, SKIP)
+                for row in matrix.rows
+                if row.level == level
+                for c in row.cells.values()
+            ),
+        )
+        for level in _LEVELS
+        if level in present
+    ]
 
 
 # --- HTML ---------------------------------------------------------------------------------------------
@@ -510,6 +631,8 @@ details summary { cursor: pointer; }
 details ul { margin: 6px 0 2px; padding: 6px 10px 6px 24px; max-width: 34em; background: #fff; color: #1f2328;
   font-weight: normal; border-radius: 4px; }
 details li { margin-bottom: 6px; }
+pre.reason { white-space: pre-wrap; overflow-wrap: anywhere; margin: 2px 0 4px; font: 12px/1.4 ui-monospace,
+  SFMono-Regular, Menlo, monospace; }
 code { font-family: ui-monospace, SFMono-Regular, Menlo, monospace; font-size: 12px; background: #f6f8fa;
        padding: 1px 3px; border-radius: 3px; overflow-wrap: anywhere; }
 .badge { font-size: 11px; font-weight: 700; padding: 0 4px; border-radius: 3px; }
@@ -532,7 +655,7 @@ def _html_result_item(r: Result) -> str:
     scenario = _h(r.scenario) if r.scenario else "<i>no scenario</i>"
     seed = f" · seed {r.seed}" if r.seed is not None else ""
     return (
-        f"<li>{_html_badge(r.outcome)} <b>{scenario}</b>{seed}<br>{_h(r.reason)}<br>"
+        f'<li>{_html_badge(r.outcome)} <b>{scenario}</b>{seed}<pre class="reason">{_h(r.reason)}</pre>'
         f"<code>{_h(r.repro)}</code></li>"
     )
 
@@ -553,12 +676,13 @@ def _html_cell(cell: Cell | None) -> str:
     return f'<td class="{css}"{title}><details><summary>{head}</summary><ul>{items}</ul></details></td>'
 
 
-def _html_results_table(results: Sequence[Result]) -> str:
+def _html_results_table(found: Sequence[Finding]) -> str:
     rows = "".join(
-        f"<tr><td><b>{_h(r.rule)}</b></td><td>{_h(r.backend)}</td><td>{_h(r.scenario or '')}</td>"
-        f"<td>{_html_badge(r.outcome)}</td><td>{_h(r.reason)}</td>"
-        f"<td><code>{_h(r.repro)}</code></td></tr>"
-        for r in results
+        f"<tr><td><b>{_h(', '.join(f.rules))}</b></td><td>{_h(f.result.backend)}</td>"
+        f"<td>{_h(f.result.scenario or '')}</td><td>{_html_badge(f.result.outcome)}</td>"
+        f'<td><pre class="reason">{_h(f.result.reason)}</pre></td>'
+        f"<td><code>{_h(f.result.repro)}</code></td></tr>"
+        for f in found
     )
     return (
         '<table class="list"><tr><th>rule</th><th>backend</th><th>scenario</th><th>outcome</th>'
@@ -577,12 +701,14 @@ def render_html(doc: Results, changes: Sequence[CellChange] | None = None) -> st
         f"<h1>pytest-ptn conformance <small>spec v{_h(doc.spec_version)}</small></h1>",
     ]
     verdict = []
-    for level, failing in _verdicts(matrix):
+    for level, failing, ran in _verdicts(matrix):
         cells = ", ".join(f"{rule} on {backend}" for rule, backend in failing)
         verdict.append(
             f'<span class="bad">{level}: {len(failing)} failing</span> ({_h(cells)})'
             if failing
             else f'<span class="good">{level}: all pass</span>'
+            if ran
+            else f'<span class="na">{level}: {NOTHING_RAN}</span>'
         )
     out.append(f'<p class="verdict">{" · ".join(verdict) or "No conformance results."}</p>')
     out += [f'<p class="prov">{_h(p)}</p>' for p in _provenance_lines(doc)]
@@ -621,11 +747,10 @@ def render_html(doc: Results, changes: Sequence[CellChange] | None = None) -> st
                 out += [_html_cell(row.cells.get(b)) for b in matrix.backends]
                 out.append("</tr>")
         out.append("</tbody></table>")
-    results = sort_results(doc.results)
-    failures = [r for r in results if r.outcome in (FAIL, XPASS)]
+    failures = findings(doc.results, (FAIL, XPASS))
     if failures:
         out += ["<h2>Failures</h2>", _html_results_table(failures)]
-    xfails = [r for r in results if r.outcome == XFAIL]
+    xfails = findings(doc.results, (XFAIL,))
     if xfails:
         out += ["<h2>Expected failures (known bugs)</h2>", _html_results_table(xfails)]
     out.append("</body></html>\n")

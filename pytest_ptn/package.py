@@ -2,7 +2,8 @@
 
 Layout: ``data.safetensors`` (owners and state), ``aliases.json`` (alias -> owner) and ``bindings.json``
 (per method, its graph inputs and outputs in order, each naming a final key). Written to a temporary file
-and renamed, so a failed save leaves an existing package intact (P10); members are sorted and timestamps
+and renamed, so a failed save leaves an existing package intact (P10), and the temporary a killed save
+left behind is removed by a later save into the folder; members are sorted and timestamps
 fixed, so the same plan gives the same bytes (P9). Reading validates everything it trusts through
 :mod:`pytest_ptn.zipdata` and checks the bindings, so a damaged package raises
 :class:`~pytest_ptn.zipdata.PackageFormatError` (X2).
@@ -12,8 +13,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 import tempfile
+import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +35,9 @@ BINDINGS = "bindings.json"
 _EPOCH = (1980, 1, 1, 0, 0, 0)
 KIND = "reference package"
 MAX_BINDINGS_BYTES = 64 * 1024 * 1024
+STALE_TEMPORARY_S = 3600.0
+"""A save's temporary not written to for this long was left by a killed save, not by a live one (a live
+writer streams into it, which keeps its mtime fresh)."""
 # item kind -> the fields it must have, per side of a method's signature (see exported.signature)
 _ITEMS: dict[str, dict[str, tuple[str, ...]]] = {
     "inputs": {"user": ("index",), "constant": ("key", "final")},
@@ -108,6 +114,7 @@ def write_zip(f: Any, package: Package) -> None:
 
 def write_package(path: Path, package: Package) -> None:
     """Write ``package`` to a temporary file next to ``path`` and rename it into place (P10)."""
+    remove_stale_temporaries(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -116,6 +123,29 @@ def write_package(path: Path, package: Package) -> None:
     except BaseException:
         os.unlink(tmp)
         raise
+
+
+def remove_stale_temporaries(path: Path) -> None:
+    """Remove the temporaries of saves of ``path`` that were killed (not written to for
+    :data:`STALE_TEMPORARY_S`): nothing else would ever remove them.
+
+    A temporary of ``path`` is named as :func:`write_package` names it: ``.{name}.`` and mkstemp's 8
+    random characters. Best effort: one that cannot be removed (gone already, another owner) is left.
+    """
+    temporary = re.compile(re.escape(f".{path.name}.") + "[a-z0-9_]{8}")
+    cutoff = time.time() - STALE_TEMPORARY_S
+    with os.scandir(path.parent) as entries:
+        for entry in entries:
+            if not temporary.fullmatch(entry.name):
+                continue
+            try:
+                if (
+                    entry.is_file(follow_symlinks=False)
+                    and entry.stat(follow_symlinks=False).st_mtime < cutoff
+                ):
+                    os.unlink(entry.path)
+            except OSError:
+                continue  # removed by a concurrent save, or not ours to remove
 
 
 def read_package(path: Path) -> Package:

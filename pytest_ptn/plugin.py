@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import importlib.util
 import random
-import shlex
+import shutil
+import sys
+import tempfile
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,26 +19,19 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from _pytest.reports import TestReport
 
-from pytest_ptn import catalogue, expectations, report
-from pytest_ptn.backend import Availability, Backend, BackendNotFound, Capability, resolve_backend
-from pytest_ptn.ruleset import RULES, SPEC_VERSION
+from pytest_ptn import catalogue, crashes, expectations, report, upstream_noise
+from pytest_ptn.backend import Availability, Backend, BackendError, availability_of, resolve_backend
+from pytest_ptn.ruleset import RULE_NEEDS, RULES, SPEC_VERSION
 
 if TYPE_CHECKING:
     from pytest_ptn.harness import Case
     from pytest_ptn.spec import Scenario
 
 DEFAULT_BACKEND = "reference"
+CRASH_RESTARTS = 1000
+"""Worker restarts a run allows when ``--max-worker-restart`` is not given: a crashed step is not retried, so
+this bounds only backends that crash in ever new places."""
 SUITE_PACKAGE = "pytest_ptn.conformance"
-
-RULE_NEEDS: dict[str, frozenset[Capability]] = {
-    **{r: frozenset({Capability.PACKAGE}) for r in RULES if r.startswith("P")},
-    **{r: frozenset({Capability.EXECUTE}) for r in RULES if r.startswith("E")},
-    **{r: frozenset({Capability.EXECUTE, Capability.STORAGE}) for r in ("S1", "S2", "S3", "S4", "S5", "S7")},
-    "S6": frozenset({Capability.EXECUTE, Capability.MEMORY}),
-    "X1": frozenset(),
-    "X2": frozenset({Capability.PACKAGE}),
-}
-"""What a backend must be able to show for a rule's tests to apply to it."""
 
 
 @dataclass
@@ -103,6 +98,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "failure shrunk to a small program)",
     )
     group.addoption("--ptn-seed", type=int, help="seed of the nightly fuzz profile (printed in the header)")
+    group.addoption(
+        upstream_noise.SHOW_OPTION,
+        action="store_true",
+        dest="ptn_upstream_logs",
+        help="let the warnings and DEBUG/INFO logs of torch, executorch and torchao through to pytest while "
+        "backends work, under this repository's own filters and log levels (by default warnings are counted "
+        "and summarized at the end, never raised, and those logs are not captured)",
+    )
     report.add_options(group)
 
 
@@ -125,16 +128,20 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SESSION] = state
     if config.getoption("help", False):
         return
+    if workerinput and "ptn_sys_path" in workerinput:  # backends the controller could import, workers can
+        sys.path[:0] = [p for p in workerinput["ptn_sys_path"] if p not in sys.path]
     report.configure(config)
     if config.pluginmanager.hasplugin("xdist"):
-        config.pluginmanager.register(Xdist(state), "ptn-xdist")
+        config.pluginmanager.register(Xdist(state, config), "ptn-xdist")
+        if hasattr(config, "workerinput") and state.explicit:
+            config.pluginmanager.register(CrashIsolatedWorker(config), "ptn-crash-worker")
     for spec in requested:
         try:
             cls = resolve_backend(spec)
-        except BackendNotFound as e:
+            state.availability[spec] = availability_of(spec, cls)
+        except BackendError as e:
             raise pytest.UsageError(f"--ptn-backend: {e}") from e
         state.classes[spec] = cls
-        state.availability[spec] = cls.availability()
         if state.explicit and not state.availability[spec].available:
             raise pytest.UsageError(
                 f"--ptn-backend={spec} is unavailable on this machine: {state.availability[spec].reason}"
@@ -153,21 +160,43 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 class Xdist:
-    """pytest-xdist hooks: the controller's seed for every worker, and each case's tests on one worker."""
+    """pytest-xdist hooks: the controller's seed for every worker, each case's tests on one worker, and a
+    worker that dies failing the test it ran (pytest_ptn.crashes) while the run goes on."""
 
-    def __init__(self, state: Session):
+    def __init__(self, state: Session, config: pytest.Config):
         self.state = state
+        self.collected: set[str] = set()
+        workerinput = getattr(config, "workerinput", None)
+        if workerinput is not None:
+            self.run_folder = Path(workerinput["ptn_run_folder"])
+        else:
+            self.run_folder = Path(tempfile.mkdtemp(prefix="ptn-run-"))
 
     def by_case(self, config: pytest.Config) -> bool:
-        """Whether this run is scheduled by case: ``--dist load`` (what ``-n`` means by default) on the
-        conformance suite. Other ``--dist`` modes, and runs that request no backend (no suite), are xdist's
-        own."""
-        return config.getvalue("dist") == "load" and self.state.explicit
+        """Whether this run is scheduled by case: ``--dist load`` (what ``-n`` means by default) or
+        ``loadscope`` on the conformance suite. Other ``--dist`` modes, and runs that request no backend (no
+        suite), are xdist's own."""
+        return config.getvalue("dist") in ("load", "loadscope") and self.state.explicit
 
     def pytest_configure_node(self, node: Any) -> None:
-        """Workers fuzz (and collect) alike, and order their collection for the scheduler."""
+        """Workers fuzz (and collect) alike, order their collection for the scheduler and share the run
+        folder."""
         node.workerinput["ptn_seed"] = self.state.seed
         node.workerinput["ptn_by_case"] = self.by_case(node.config)
+        node.workerinput["ptn_run_folder"] = str(self.run_folder)
+        node.workerinput["ptn_sys_path"] = list(sys.path)
+
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        self.collected.add(node.gateway.id)
+
+    def pytest_testnodedown(self, node: Any, error: object | None) -> None:
+        """A worker that dies before it has collected would die again in its replacement: end the run."""
+        if error is not None and self.state.explicit and node.gateway.id not in self.collected:
+            pytest.exit(
+                f"ptn: xdist worker {node.gateway.id} died before collecting the tests ({error}); its own "
+                "output is above. Run in-process with -n 0 to see the error where it happens.",
+                returncode=pytest.ExitCode.INTERNAL_ERROR,
+            )
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
@@ -175,20 +204,108 @@ class Xdist:
         is the slow step and is cached per worker, so spreading a scenario's tests over the workers lowered
         it once on each. Units go out in collection order, where workers put the tests outside any case
         first (pytest_collection_modifyitems): the fuzz test, by far the longest, then runs beside the cases
-        instead of after them."""
+        instead of after them. A crashed test is done (its failure is reported), not run again on the next
+        worker; and a worker that is still starting gets work once it has collected."""
         if not self.by_case(config):
             return None
         from xdist.scheduler import LoadScopeScheduling
 
         backends = sorted(self.state.requested, key=len, reverse=True)
         scenarios = [s.name for s in catalogue.SCENARIOS]
+        by_module = config.getvalue("dist") == "loadscope"
 
         class CaseScheduling(LoadScopeScheduling):
             def _split_scope(self, nodeid: str) -> str:
-                return case_of(nodeid, backends, scenarios) or nodeid
+                case = case_of(nodeid, backends, scenarios)
+                if case is not None:
+                    return case
+                return super()._split_scope(nodeid) if by_module else nodeid
+
+            def remove_node(self, node: Any) -> str | None:
+                workload = self.assigned_work.pop(node)
+                crashed = next(
+                    (nodeid for unit in workload.values() for nodeid, done in unit.items() if not done), None
+                )
+                if crashed is None:
+                    return None
+                for unit in workload.values():
+                    if crashed in unit:
+                        unit[crashed] = True
+                pending = {scope: unit for scope, unit in workload.items() if not all(unit.values())}
+                self.workqueue.update(pending)
+                for other in self.assigned_work:
+                    self._reschedule(other)
+                return crashed
+
+            def _reschedule(self, node: Any) -> None:
+                if node in self.registered_collections:  # a replacement worker has not collected yet
+                    super()._reschedule(node)
 
         config.option.loadscopereorder = False  # largest unit first would put every single test last
         return CaseScheduling(config, log)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport, sched: Any) -> None:
+        """The test a dead worker was running fails with the signal, the step and its properties (so it is
+        in the matrix and the reports), never as a bare "worker crashed"."""
+        properties = crashes.read_properties(self.run_folder, crashitem)
+        repro = dict(properties).get("ptn_repro")
+        worker = getattr(report, "node", None)
+        worker_id = getattr(getattr(worker, "gateway", None), "id", "?")
+        report.user_properties = list(properties)
+        report.when = "call"
+        report.longrepr = crashes.crash_report(
+            self.run_folder, worker_id, crashes.worker_returncode(worker), crashitem, repro
+        )
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        if not hasattr(config, "workerinput"):
+            shutil.rmtree(self.run_folder, ignore_errors=True)
+
+
+class CrashIsolatedWorker:
+    """A worker's side of crash isolation: faulthandler and last words into the run folder, and each test's
+    properties for the controller."""
+
+    def __init__(self, config: pytest.Config):
+        self.folder = Path(config.workerinput["ptn_run_folder"])  # type: ignore[attr-defined]
+        self.worker_id = str(config.workerinput["workerid"])  # type: ignore[attr-defined]
+
+    def pytest_sessionstart(self) -> None:
+        crashes.start_worker(self.folder, self.worker_id)
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        crashes.write_properties(
+            self.folder,
+            {
+                item.nodeid: [(name, str(value)) for name, value in item.user_properties]
+                for item in session.items
+            },
+        )
+
+    def pytest_runtest_logstart(self, nodeid: str) -> None:
+        crashes.note_test(nodeid)
+
+    def pytest_unconfigure(self) -> None:
+        crashes.stop_worker()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """A conformance run without ``-n`` goes to one xdist worker, so a backend that kills its process fails
+    the test it was running instead of ending the run. ``-n 0`` (or ``-p no:xdist``, ``--pdb``) runs in
+    process."""
+    if hasattr(config, "workerinput") or not config.pluginmanager.hasplugin("xdist"):
+        return
+    option = config.option
+    explicit = bool(config.getoption("ptn_backends") or config.getini("ptn_backends"))
+    if not explicit or option.numprocesses is not None or config.getoption("usepdb", False):
+        return
+    if config.getoption("collectonly", False) or config.getoption("help", False):
+        return
+    option.numprocesses = 1
+    if option.maxworkerrestart is None:  # one restart per crashed step; xdist's default stops at 4
+        option.maxworkerrestart = str(CRASH_RESTARTS)
 
 
 def case_of(nodeid: str, backends: list[str], scenarios: list[str]) -> str | None:
@@ -220,6 +337,10 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         return []
     profile = config.getoption("ptn_fuzz_profile")
     lines = [f"ptn: conformance spec v{SPEC_VERSION}; fuzz profile {profile}, --ptn-seed={state.seed}"]
+    if config.getoption("numprocesses", None):
+        lines.append("ptn: crash isolation on: tests run in xdist workers, a crash fails the test it hit")
+    else:
+        lines.append("ptn: crash isolation off (in-process run): a backend that crashes ends the run")
     for spec in state.requested:
         a = state.availability[spec]
         versions = ", ".join(f"{k} {v}" for k, v in a.versions.items())
@@ -272,7 +393,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.user_properties.extend(("ptn_rule", r) for r in rules)
         if backend is not None:
             item.user_properties.append(("ptn_backend", backend))
-            repro = f"pytest {shlex.quote(f'{item.path}::{item.name}')} --ptn-backend={shlex.quote(backend)}"
+            repro = report.repro_command(item, backend, SUITE_PACKAGE, suite_path())
             item.user_properties.append(("ptn_repro", repro))
         if scenario is not None:
             item.user_properties.append(("ptn_scenario", scenario))
@@ -352,3 +473,59 @@ def pytest_runtest_makereport(
         test_report.outcome = "skipped"
         test_report.wasxfail = f"{report.SHOULD_NOT_MET_PREFIX} {', '.join(rules)} not met"
     return test_report
+
+
+# --- upstream warnings and logs (pytest_ptn.upstream_noise) ----------------------------------------------
+
+UPSTREAM_WARNINGS = "ptn_upstream_warnings"
+"""The key under which an xdist worker sends its tally of upstream warnings to the controller."""
+
+UPSTREAM_TALLY = pytest.StashKey[upstream_noise.Tally]()
+
+
+def upstream_tally(config: pytest.Config) -> upstream_noise.Tally:
+    return config.stash.setdefault(UPSTREAM_TALLY, upstream_noise.Tally())
+
+
+def _under_upstream_policy(item: pytest.Item) -> Generator[None, None, None]:
+    """A phase of a test the plugin gives a backend runs under the suite's warning and logging policy; the
+    host's own tests keep the host's."""
+    if _callspec_param(item, "ptn_backend") is None:
+        return (yield)
+    show = item.config.getoption("ptn_upstream_logs")
+    with upstream_noise.policy(upstream_tally(item.config), show):
+        return (yield)
+
+
+# trylast: inside pytest's own warning capture and its per-phase log handlers, so that the policy wins.
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
+    return (yield from _under_upstream_policy(item))
+
+
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    return (yield from _under_upstream_policy(item))
+
+
+@pytest.hookimpl(wrapper=True, trylast=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, None, None]:
+    return (yield from _under_upstream_policy(item))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput[UPSTREAM_WARNINGS] = upstream_tally(session.config).rows()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """Each xdist worker's tally joins the controller's (a worker that crashed sends none)."""
+    upstream_tally(node.config).merge(getattr(node, "workeroutput", {}).get(UPSTREAM_WARNINGS, []))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    summary = upstream_tally(terminalreporter.config).summary()
+    if summary:
+        terminalreporter.write_line(f"ptn: {summary}")

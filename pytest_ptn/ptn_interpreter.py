@@ -28,29 +28,12 @@ from typing import Any
 
 import torch
 
-from .ptn_package import PtnPackage
+from .ptn_package import PtnPackage, scalar_type_to_dtype, shape_fits
 
 # Enum values of executorch/backends/native/serialization/native_graph.fbs (append-only there).
 _OP_CALL_FUNCTION, _OP_PLACEHOLDER, _OP_OUTPUT = 0, 1, 2
 _OUT_USER, _OUT_BUFFER_MUTATION, _OUT_USER_INPUT_MUTATION = 0, 1, 2
 _VAL_TENSOR, _VAL_TENSOR_LIST = 0, 1
-
-# ScalarType ids (ExecuTorch numbering) -> torch dtype names.
-_SCALAR_TYPES: dict[int, str] = {
-    0: "uint8",
-    1: "int8",
-    2: "int16",
-    3: "int32",
-    4: "int64",
-    5: "float16",
-    6: "float32",
-    7: "float64",
-    11: "bool",
-    15: "bfloat16",
-    16: "uint16",
-    17: "uint32",
-    18: "uint64",
-}
 
 _LAYOUTS: dict[str, torch.layout] = {
     str(v): v
@@ -78,17 +61,6 @@ _BUILTINS: dict[str, Callable[..., Any]] = {
     "pow": pow,
     "round": round,
 }
-
-
-def scalar_type_to_dtype(scalar_type: object) -> torch.dtype:
-    """The torch dtype of an ExecuTorch ``ScalarType`` id."""
-    try:
-        name = _SCALAR_TYPES[int(scalar_type)]  # type: ignore[call-overload]
-        dtype = getattr(torch, name)
-    except (KeyError, TypeError, ValueError, AttributeError):
-        raise NotImplementedError(f"unsupported ScalarType {scalar_type!r}") from None
-    assert isinstance(dtype, torch.dtype)
-    return dtype
 
 
 def resolve_target(target: str) -> Callable[..., Any]:
@@ -423,11 +395,7 @@ class PtnInterpreter:
             if not isinstance(value, torch.Tensor):
                 raise TypeError(f"{where}: input {name!r} must be a tensor, got {type(value).__name__}")
             dtype = scalar_type_to_dtype(meta.dtype)
-            sizes = meta.sizes or []
-            shape_ok = value.dim() == len(sizes) and all(
-                d.min <= n and (d.max < 0 or n <= d.max) for d, n in zip(sizes, value.shape, strict=True)
-            )
-            if value.dtype != dtype or not shape_ok:
+            if value.dtype != dtype or not shape_fits(meta.sizes or [], value.shape):
                 raise ValueError(
                     f"{where}: input {name!r} is {value.dtype} {list(value.shape)}, the program expects "
                     f"{_meta_str(meta)}"
@@ -665,4 +633,4 @@ def _truth(value: Any, where: str) -> bool:
     return bool(value)
 
 
-__all__ = ["PtnInterpreter", "resolve_target", "scalar_type_to_dtype"]
+__all__ = ["PtnInterpreter", "resolve_target"]

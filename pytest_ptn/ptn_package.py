@@ -23,7 +23,7 @@ Importing this module needs neither torch nor executorch.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,6 +96,49 @@ class PtnPackage:
 
 
 # ---------------------------------------------------------------------------------------------
+# tensor metadata: what the reader checks stored tensors against, and the interpreter inputs
+# ---------------------------------------------------------------------------------------------
+
+# ScalarType ids (ExecuTorch numbering) -> torch dtype names.
+_SCALAR_TYPES: dict[int, str] = {
+    0: "uint8",
+    1: "int8",
+    2: "int16",
+    3: "int32",
+    4: "int64",
+    5: "float16",
+    6: "float32",
+    7: "float64",
+    11: "bool",
+    15: "bfloat16",
+    16: "uint16",
+    17: "uint32",
+    18: "uint64",
+}
+
+
+def scalar_type_to_dtype(scalar_type: object) -> torch.dtype:
+    """The torch dtype of an ExecuTorch ``ScalarType`` id."""
+    import torch
+
+    try:
+        name = _SCALAR_TYPES[int(scalar_type)]  # type: ignore[call-overload]
+        dtype = getattr(torch, name)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise NotImplementedError(f"unsupported ScalarType {scalar_type!r}") from None
+    assert isinstance(dtype, torch.dtype)
+    return dtype
+
+
+def shape_fits(sizes: Sequence[Any], shape: Sequence[int]) -> bool:
+    """Whether a TensorMeta's ``sizes`` admit ``shape``: the same rank, each dimension within its
+    ``[min, max]`` (a negative ``max`` is unbounded, a dynamic dimension)."""
+    return len(sizes) == len(shape) and all(
+        d.min <= n and (d.max < 0 or n <= d.max) for d, n in zip(sizes, shape, strict=True)
+    )
+
+
+# ---------------------------------------------------------------------------------------------
 # program
 # ---------------------------------------------------------------------------------------------
 
@@ -139,8 +182,6 @@ def _check_program(path: str, program: Any, package: PtnPackage) -> None:
             raise PtnFormatError(
                 path, f"data key {key!r} referenced by method {users[0]!r} has no tensor data in the package"
             )
-    from .ptn_interpreter import scalar_type_to_dtype
-
     for method_name, key, meta in _iter_metas(program):
         if meta is None or meta.quant is not None:
             continue  # packed storage: byte length follows the quant scheme, not the sizes
@@ -149,10 +190,7 @@ def _check_program(path: str, program: Any, package: PtnPackage) -> None:
             dtype = scalar_type_to_dtype(meta.dtype)
         except NotImplementedError as exc:
             raise PtnFormatError(path, f"method {method_name!r} key {key!r}: {exc}") from exc
-        shape_ok = len(meta.sizes) == tensor.dim() and all(
-            d.min <= n and (d.max < 0 or n <= d.max) for d, n in zip(meta.sizes, tensor.shape, strict=True)
-        )
-        if tensor.dtype != dtype or not shape_ok:
+        if tensor.dtype != dtype or not shape_fits(meta.sizes, tensor.shape):
             declared = [d.min if d.min == d.max else (d.min, d.max) for d in meta.sizes]
             raise PtnFormatError(
                 path,
@@ -211,4 +249,6 @@ __all__ = [
     "PtnFormatError",
     "PtnPackage",
     "read_ptn",
+    "scalar_type_to_dtype",
+    "shape_fits",
 ]

@@ -10,13 +10,20 @@ schema, since only the xunit1 schema allows properties inside a testcase.
 A failed SHOULD test that the plugin turns into an xfail (so it does not fail the run) must carry a
 ``wasxfail`` starting with SHOULD_NOT_MET_PREFIX: it is reported as a failure of that SHOULD rule, with the
 original assertion as reason, not as a known bug.
+
+A failed report without ``ptn_rule`` (an internal error, a crash report without the test's properties, a
+collection error) is still a failure of the run: it is reported under rule ``matrix.UNKNOWN_RULE``, so a
+summary never reads "all pass" over a test that did not pass.
 """
 
 from __future__ import annotations
 
+import os
 import platform
+import shlex
 import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib import metadata
@@ -51,7 +58,38 @@ def configure(config: pytest.Config) -> None:
     """Register on the controller only: workers' reports reach it through pytest_runtest_logreport."""
     if hasattr(config, "workerinput"):
         return
-    config.pluginmanager.register(ConformanceReporter(config), "ptn-report")
+    outdir = config.getoption("ptn_report")
+    reporter = ConformanceReporter(config, None if outdir is None else writable_folder(outdir))
+    config.pluginmanager.register(reporter, "ptn-report")
+
+
+def writable_folder(value: str) -> Path:
+    """The ``--ptn-report`` folder, created and proven writable now: found only when the run ends, a bad
+    one cost the whole run's report."""
+    path = Path(value).resolve()
+    if path.exists() and not path.is_dir():
+        raise pytest.UsageError(f"--ptn-report {value}: is a file, not a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise pytest.UsageError(f"--ptn-report {value}: cannot write there: {exc.strerror or exc}") from exc
+    return path
+
+
+def repro_command(item: pytest.Item, backend: str, suite_package: str, suite: Path | None) -> str:
+    """A command that reruns exactly this test: for the installed suite (package ``suite_package`` in
+    folder ``suite``) by module name and node id, so it works from any folder; else by node id relative to
+    the folder pytest was started from."""
+    test = item.nodeid.split("::", 1)[1]
+    if suite is not None and item.path.is_relative_to(suite):
+        module = ".".join((suite_package, *item.path.relative_to(suite).with_suffix("").parts))
+        target = f"--pyargs {shlex.quote(f'{module}::{test}')}"
+    else:
+        path = os.path.relpath(item.path, item.config.invocation_params.dir)
+        target = shlex.quote(f"{Path(path).as_posix()}::{test}")
+    return f"pytest {target} --ptn-backend={shlex.quote(backend)}"
 
 
 @dataclass
@@ -65,15 +103,26 @@ class _Record:
 
 
 class ConformanceReporter:
-    def __init__(self, config: pytest.Config) -> None:
+    def __init__(self, config: pytest.Config, outdir: Path | None) -> None:
         self.config = config
+        self.outdir = outdir
         self.records: dict[str, _Record] = {}
         self.written: list[Path] = []
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        properties = [(str(name), str(value)) for name, value in report.user_properties]
+        self._record(report, [(str(name), str(value)) for name, value in report.user_properties])
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.failed:  # a module of tests that never ran
+            self._record(report, [])
+
+    def _record(
+        self, report: pytest.TestReport | pytest.CollectReport, properties: list[tuple[str, str]]
+    ) -> None:
         if not any(name == "ptn_rule" for name, _ in properties):
-            return
+            if not report.failed:
+                return
+            properties = [*properties, ("ptn_rule", matrix.UNKNOWN_RULE)]
         outcome = _outcome(report)
         if outcome is None:
             return
@@ -85,16 +134,26 @@ class ConformanceReporter:
         self.records[report.nodeid] = _Record(report.nodeid, properties, outcome, _reason(report))
 
     def results(self, provenance: dict[str, str]) -> matrix.Results:
-        rows = [row for record in self.records.values() for row in _rows(record)]
+        backends = {
+            value for r in self.records.values() for name, value in r.properties if name == "ptn_backend"
+        }
+        rows = [row for record in self.records.values() for row in _rows(record, backends)]
         return matrix.Results(SPEC_VERSION, provenance, matrix.sort_results(rows))
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        outdir = self.config.getoption("ptn_report")
-        if outdir is not None:
-            self.written = matrix.write_reports(self.results(collect_provenance(self.config)), Path(outdir))
+        if self.outdir is not None:
+            self.written = matrix.write_reports(self.results(collect_provenance(self.config)), self.outdir)
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
-        if not self.records:
+        """Shown for runs with conformance tests (or a report asked for): a run of other tests in a
+        repository that has pytest-ptn installed gets no matrix of their failures."""
+        conformance = any(
+            (name, value) != ("ptn_rule", matrix.UNKNOWN_RULE)
+            for r in self.records.values()
+            for name, value in r.properties
+            if name == "ptn_rule"
+        )
+        if not self.records or not (conformance or self.outdir):
             return
         tw = self.config.get_terminal_writer()
 
@@ -109,7 +168,7 @@ class ConformanceReporter:
             terminalreporter.write_line(f"ptn report: {self.written[-1].resolve()} (and {others})")
 
 
-def _outcome(report: pytest.TestReport) -> str | None:
+def _outcome(report: pytest.TestReport | pytest.CollectReport) -> str | None:
     """Map one phase's report to an outcome; None for phases that decide nothing (a passing setup)."""
     xfail = hasattr(report, "wasxfail")
     if report.failed or _should_not_met(report):
@@ -124,23 +183,31 @@ def _outcome(report: pytest.TestReport) -> str | None:
     return None
 
 
-def _should_not_met(report: pytest.TestReport) -> bool:
+def _should_not_met(report: pytest.TestReport | pytest.CollectReport) -> bool:
     return report.skipped and getattr(report, "wasxfail", "").startswith(SHOULD_NOT_MET_PREFIX)
 
 
-def _reason(report: pytest.TestReport) -> str:
+def _reason(report: pytest.TestReport | pytest.CollectReport) -> str:
+    """The whole message (capped): a failure's finding is often every line of it, not the first."""
     if hasattr(report, "wasxfail") and not report.failed and not _should_not_met(report):
-        return matrix.one_line(report.wasxfail) or "expected failure"
+        return matrix.whole_reason(report.wasxfail) or "expected failure"
     longrepr = report.longrepr
     if isinstance(longrepr, tuple | list) and len(longrepr) == 3:  # a skip: (path, lineno, message)
-        return matrix.one_line(str(longrepr[2]).removeprefix("Skipped: "))
+        return matrix.whole_reason(str(longrepr[2]).removeprefix("Skipped: "))
     crash = getattr(longrepr, "reprcrash", None)
     text = crash.message if crash is not None else str(longrepr or "")
     prefix = "" if report.when == "call" else f"{report.when}: "
-    return prefix + matrix.one_line(text)
+    return prefix + matrix.whole_reason(text)
 
 
-def _rows(record: _Record) -> list[matrix.Result]:
+def _backend_in(nodeid: str, backends: set[str]) -> str:
+    """The backend a test id names among its parameters (``test_x[pte-kv_cache]``), else NO_BACKEND."""
+    name = nodeid.rsplit("::", 1)[-1]
+    params = f"-{name[name.index('[') + 1 : -1]}-" if "[" in name and name.endswith("]") else ""
+    return next((b for b in sorted(backends, key=len, reverse=True) if f"-{b}-" in params), NO_BACKEND)
+
+
+def _rows(record: _Record, backends: set[str]) -> list[matrix.Result]:
     props: dict[str, str] = {}
     rules: list[str] = []
     for name, value in record.properties:
@@ -155,7 +222,7 @@ def _rows(record: _Record) -> list[matrix.Result]:
             rule=rule,
             level=RULES[rule].level if rule in RULES else "MUST",
             scenario=props.get("ptn_scenario"),
-            backend=props.get("ptn_backend", NO_BACKEND),
+            backend=props.get("ptn_backend") or _backend_in(record.nodeid, backends),
             outcome=record.outcome,
             reason=record.reason,
             repro=props.get("ptn_repro", f"pytest '{record.nodeid}'"),

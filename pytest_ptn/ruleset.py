@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pytest_ptn.backend import Backend, Capability
+
 SPEC_VERSION = "1"
 
 
@@ -47,3 +49,35 @@ RULES: dict[str, Rule] = {
         Rule("X2", "malformed packages", "MUST"),
     )
 }
+
+
+RULE_NEEDS: dict[str, frozenset[Capability]] = {
+    **{r: frozenset({Capability.PACKAGE}) for r in RULES if r.startswith("P")},
+    **{r: frozenset({Capability.EXECUTE}) for r in RULES if r.startswith("E")},
+    **{r: frozenset({Capability.EXECUTE, Capability.STORAGE}) for r in ("S1", "S2", "S3", "S4", "S5", "S7")},
+    "S6": frozenset({Capability.EXECUTE, Capability.MEMORY}),
+    "X1": frozenset(),
+    "X2": frozenset({Capability.PACKAGE}),
+}
+"""What a backend must be able to show for a rule's tests to apply to it."""
+
+RULE_CONDITIONS: dict[str, tuple[Capability, str]] = {
+    "X1": (
+        Capability.PACKAGE,
+        "only where lowering rejects the program (the P6-P8 scenarios): a backend without a package is not "
+        "held to P6-P8, so it may accept them, and X1 is then not applicable",
+    ),
+}
+"""Rules that apply without a capability but then only case by case (conformance/test_rejection.py): the
+capability that makes them apply always, and the condition that holds without it."""
+
+
+def rules_shown(backend: type[Backend]) -> dict[str, str]:
+    """The rules a backend class can show, in spec order, each with the condition its tests apply under
+    ("" when they always do): what a run can report for it, short of scenarios it cannot express."""
+    shown = {}
+    for rule in RULES:
+        if RULE_NEEDS[rule] <= backend.capabilities:
+            condition = RULE_CONDITIONS.get(rule)
+            shown[rule] = condition[1] if condition and condition[0] not in backend.capabilities else ""
+    return shown

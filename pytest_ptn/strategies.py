@@ -118,11 +118,22 @@ PROFILES = ("ptn-ci", "ptn-nightly")
 
 
 def reproducer(spec: ProgramSpec) -> str:
-    """A pytest test reproducing ``spec`` on the backend given with ``--ptn-backend``."""
+    """A pytest test reproducing ``spec`` on the backend given with ``--ptn-backend``: one method (one shared
+    constant) a line, compact enough for a report to keep it whole, and a failure that says what differs."""
+    import dataclasses
+
+    fields = []
+    for f in dataclasses.fields(spec):
+        value = getattr(spec, f.name)
+        if isinstance(value, tuple) and value and dataclasses.is_dataclass(value[0]):
+            items = "".join(f"            {item!r},\n" for item in value)
+            fields.append(f"        {f.name}=(\n{items}        ),\n")
+        else:
+            fields.append(f"        {f.name}={value!r},\n")
     return (
         "from pytest_ptn import *  # noqa: F403\n"
-        "from pytest_ptn.harness import check_spec\n\n\n"
+        "from pytest_ptn.harness import check_spec, fail_on\n\n\n"
         "def test_reproducer(ptn_backend, tmp_path):\n"
-        f"    spec = {spec!r}\n"
-        "    assert not check_spec(ptn_backend, spec, tmp_path)\n"
+        f"    spec = ProgramSpec(\n{''.join(fields)}    )\n"
+        '    fail_on(check_spec(ptn_backend, spec, tmp_path), "outputs differ from eager")\n'
     )

@@ -7,13 +7,14 @@ it is about to trust *before* allocating for it:
 
 * :func:`open_zip`: the zip central directory (member spans inside the archive, members stored
   uncompressed so none can inflate past the archive's size, no duplicate members, no member path
-  escaping the package folder);
+  escaping the package folder, no zip feature that zipfile does not implement);
 * :func:`read_member`: one member, with a cap on its declared size and the CRC verified;
 * :func:`read_safetensors`: the 8-byte header length (against the member size and a cap), the header
-  JSON, each tensor's dtype, shape and data offsets (which must tile the data section), and only then the
-  tensors, each read straight into its own storage;
+  JSON, the number of tensors, each tensor's dtype, shape (which torch must be able to describe, even
+  when empty) and data offsets (which must tile the data section), and only then the tensors, each read
+  straight into its own storage;
 * :func:`parse_aliases`: the alias map (an object of str -> str, every alias naming an existing owner,
-  no cycle, no alias of an alias, no key both owner and alias).
+  no cycle, no alias of an alias, no key both owner and alias), in time linear in its size.
 
 Every problem raises :class:`PackageFormatError` (a ``ValueError``) whose message is
 ``"<path>: <problem>"`` and names the member/key involved. Importing this module needs neither torch nor
@@ -42,6 +43,27 @@ MAX_HEADER_BYTES = 100_000_000
 MAX_ALIASES_BYTES = 16 * 1024 * 1024
 MAX_MEMBERS = 64
 MAX_RANK = 64
+MAX_TENSORS = 100_000
+"""Tensors in one safetensors member, a generous bound: it caps the work (a parsed entry and a tensor each)
+that zero-byte entries, free in the data section, would otherwise cost (about a second and 80 MiB at the
+cap, however long the header)."""
+MAX_TENSOR_SPAN = 2**63 - 1
+"""Bytes a tensor's dimensions may span, a zero dimension counted as one: torch describes every tensor,
+even an empty one, with int64 strides and storage size, and fails on a shape past this."""
+UNSUPPORTED_FLAG_BITS = {0x20: "compressed patched data", 0x40: "strong encryption"}
+"""Zip general purpose flag bits a package never sets, beyond encryption (0x1): zipfile cannot read a
+member that has them."""
+ZIP_ERRORS = (
+    zipfile.BadZipFile,
+    zipfile.LargeZipFile,
+    NotImplementedError,
+    EOFError,
+    ValueError,
+    OSError,
+    struct.error,
+)
+"""What zipfile raises on a corrupt archive, or on one using a feature it does not implement (a version
+needed to extract above 6.3, patched data, strong encryption, an unknown compression method)."""
 
 # safetensors dtype codes -> torch dtype attribute names (mirrors safetensors.torch).
 DTYPE_NAMES: dict[str, str] = {
@@ -157,6 +179,11 @@ def check_zip_directory(
         members[name] = info
         if info.flag_bits & 0x1:
             raise PackageFormatError(path, f"zip member {name!r} is encrypted")
+        unsupported = [what for bit, what in UNSUPPORTED_FLAG_BITS.items() if info.flag_bits & bit]
+        if unsupported:
+            raise PackageFormatError(
+                path, f"zip member {name!r} uses an unsupported zip feature: {', '.join(unsupported)}"
+            )
         if info.compress_type != zipfile.ZIP_STORED:
             raise PackageFormatError(
                 path,
@@ -189,13 +216,11 @@ def open_zip(
     archive_size = os.stat(path).st_size
     try:
         zf = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, ValueError, struct.error) as exc:
-        raise PackageFormatError(
-            spath, f"not a readable zip archive (truncated or corrupt zip): {exc}"
-        ) from exc
-    except OSError as exc:
-        if isinstance(exc, (FileNotFoundError, IsADirectoryError, PermissionError)):
-            raise
+    except (FileNotFoundError, IsADirectoryError, PermissionError):
+        raise
+    except NotImplementedError as exc:
+        raise PackageFormatError(spath, f"uses an unsupported zip feature: {exc}") from exc
+    except ZIP_ERRORS as exc:
         raise PackageFormatError(
             spath, f"not a readable zip archive (truncated or corrupt zip): {exc}"
         ) from exc
@@ -216,7 +241,7 @@ def require_member(path: str, members: dict[str, zipfile.ZipInfo], name: str) ->
 def _open_member(path: str, zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> IO[bytes]:
     try:
         return zf.open(info)
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError) as exc:
+    except ZIP_ERRORS as exc:
         raise PackageFormatError(path, f"zip member {info.filename!r} is corrupt: {exc}") from exc
 
 
@@ -224,7 +249,7 @@ def _read_exact(path: str, stream: IO[bytes], n: int, what: str) -> bytes:
     """Read exactly ``n`` bytes (``n`` already checked against the member size)."""
     try:
         data: bytes = stream.read(n)
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+    except ZIP_ERRORS as exc:
         raise PackageFormatError(path, f"{what} is corrupt: {exc}") from exc
     if len(data) != n:
         raise PackageFormatError(path, f"{what} is truncated: expected {n} bytes, got {len(data)}")
@@ -249,25 +274,42 @@ def read_member(path: str, zf: zipfile.ZipFile, info: zipfile.ZipInfo, cap: int)
 
 
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"duplicate key {key!r}")
-        out[key] = value
+    """The object, built in C; only an object that has a duplicate is walked in Python to name it."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise ValueError(f"duplicate key {key!r}")
+            seen.add(key)
     return out
 
 
-def loads_json(raw: bytes) -> Any:
+class _TooManyObjects(ValueError):
+    """More JSON objects than the caller allows, raised as soon as one too many is parsed."""
+
+
+def loads_json(raw: bytes, *, max_objects: int | None = None) -> Any:
     """Strict JSON: UTF-8, no duplicate keys, no NaN/Infinity. Every problem is a ``ValueError``
-    (including ``UnicodeDecodeError``, ``json.JSONDecodeError`` and nesting too deep)."""
+    (including ``UnicodeDecodeError``, ``json.JSONDecodeError`` and nesting too deep).
+
+    ``max_objects`` stops the parse at the object past it, before the rest of the document is built:
+    what the document costs in memory and time then depends on the cap, not on its length.
+    """
+    objects = 0
+
+    def build_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        nonlocal objects
+        objects += 1
+        if max_objects is not None and objects > max_objects:
+            raise _TooManyObjects(f"more than {max_objects} JSON objects")
+        return _no_duplicate_keys(pairs)
 
     def reject_constant(name: str) -> Any:
         raise ValueError(f"non-standard JSON constant {name}")
 
     try:
-        return json.loads(
-            raw.decode("utf-8"), object_pairs_hook=_no_duplicate_keys, parse_constant=reject_constant
-        )
+        return json.loads(raw.decode("utf-8"), object_pairs_hook=build_object, parse_constant=reject_constant)
     except RecursionError as exc:
         raise ValueError("JSON nested too deeply") from exc
 
@@ -287,6 +329,9 @@ def parse_safetensors_header(path: str, header: object, data_len: int, where: st
         raise PackageFormatError(
             path, f"bad safetensors header in {where}: expected a JSON object, got {type(header).__name__}"
         )
+    count = len(header) - (SAFETENSORS_METADATA_KEY in header)
+    if count > MAX_TENSORS:
+        raise PackageFormatError(path, f"too many tensors in {where}: {count} > {MAX_TENSORS}")
     entries: list[TensorEntry] = []
     for key, spec in header.items():
         if key == SAFETENSORS_METADATA_KEY:
@@ -337,6 +382,13 @@ def parse_safetensors_header(path: str, header: object, data_len: int, where: st
                 path,
                 f"tensor {key!r} data offsets out of range: dtype {dtype} shape {shape} needs {nbytes} "
                 f"bytes but [{begin}, {end}] spans {end - begin} ({where})",
+            )
+        if math.prod(d or 1 for d in shape) * DTYPE_SIZES[dtype] > MAX_TENSOR_SPAN:
+            raise PackageFormatError(
+                path,
+                f"tensor {key!r} shape {shape} is too large: dtype {dtype} dimensions span more than "
+                f"{MAX_TENSOR_SPAN} bytes (a zero dimension counted as one), which torch cannot describe "
+                f"({where})",
             )
         entries.append(TensorEntry(key, dtype, tuple(shape), begin, end))
     # The tensors must tile the data section exactly (no overlap, no hole): as safetensors requires.
@@ -389,7 +441,12 @@ def read_safetensors(
             )
         raw_header = _read_exact(path, stream, header_len, f"{where} header")
         try:
-            header = loads_json(raw_header)
+            # a valid header has one object per tensor, besides its own and __metadata__'s
+            header = loads_json(raw_header, max_objects=MAX_TENSORS + 2)
+        except _TooManyObjects as exc:
+            raise PackageFormatError(
+                path, f"too many tensors in {where}: more than {MAX_TENSORS} ({exc}, refused while parsing)"
+            ) from exc
         except ValueError as exc:  # includes UnicodeDecodeError and json.JSONDecodeError
             raise PackageFormatError(
                 path, f"bad safetensors header in {where}: not valid JSON ({exc})"
@@ -425,7 +482,7 @@ def _expect_end(path: str, stream: IO[bytes], what: str) -> None:
     """Read past the last byte: zipfile verifies the CRC on reaching the end of a member."""
     try:
         stream.read(1)
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+    except ZIP_ERRORS as exc:
         raise PackageFormatError(path, f"{what} is corrupt: {exc}") from exc
 
 
@@ -452,13 +509,14 @@ def parse_aliases(
             raise PackageFormatError(path, f"key {alias!r} is both an owner and an alias (of {owner!r})")
     for alias, owner in aliases.items():
         if owner in aliases:
-            seen = [alias]
+            # Refused either way; the chain is walked once, to tell a cycle from a chain.
+            seen = {alias: 0}  # key -> its position on the chain: a linear walk
             cursor = owner
             while cursor in aliases and cursor not in seen:
-                seen.append(cursor)
+                seen[cursor] = len(seen)
                 cursor = aliases[cursor]
             if cursor in seen:
-                loop = " -> ".join([*seen[seen.index(cursor) :], cursor])
+                loop = " -> ".join([*list(seen)[seen[cursor] :], cursor])
                 raise PackageFormatError(path, f"alias cycle in {member}: {loop}")
             raise PackageFormatError(
                 path,
@@ -480,7 +538,11 @@ __all__ = [
     "MAX_HEADER_BYTES",
     "MAX_MEMBERS",
     "MAX_RANK",
+    "MAX_TENSORS",
+    "MAX_TENSOR_SPAN",
     "SAFETENSORS_METADATA_KEY",
+    "UNSUPPORTED_FLAG_BITS",
+    "ZIP_ERRORS",
     "PackageFormatError",
     "SafetensorsData",
     "TensorEntry",

@@ -23,3 +23,15 @@ def warm_torch() -> None:
         case = Case(ReferenceBackend(), BY_NAME["cond_constants"], lambda name: Path(tmp), {}, {})
         case.run_sequence(case.load())
         case.exported()
+
+
+@pytest.fixture(autouse=True)
+def in_process_runs(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pytester runs of this project's tests are in-process (``-n 0``) unless they pass ``-n`` themselves.
+
+    A conformance run without ``-n`` goes to one crash-isolating xdist worker; that default path has its own
+    tests (test_crash_isolation.py), and a worker per run would only make every other plugin test slower.
+    """
+    if "pytester" in request.fixturenames:
+        request.getfixturevalue("pytester")  # it clears PYTEST_ADDOPTS when it starts
+        monkeypatch.setenv("PYTEST_ADDOPTS", "-n 0")

@@ -8,6 +8,7 @@ import random
 import struct
 import subprocess
 import sys
+import time
 import warnings
 import zipfile
 from pathlib import Path
@@ -21,11 +22,13 @@ with warnings.catch_warnings():
     pytest.importorskip("safetensors")
     import torch
 
+from pytest_ptn import zipdata  # noqa: E402
 from pytest_ptn.ptn_package import (  # noqa: E402
     MAX_HEADER_BYTES,
     PtnFormatError,
     PtnPackage,
     read_ptn,
+    shape_fits,
 )
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -194,6 +197,84 @@ def test_huge_shape_is_refused_without_allocating(tmp_path: Path) -> None:
     path = _write(tmp_path, "huge.ptn", maker.replace(members, "program.safetensors", st))
     with pytest.raises(PtnFormatError, match=r"'lin.weight' data offsets out of range: dtype F32 shape"):
         read_ptn(path)
+
+
+@pytest.mark.parametrize("shape", [[2**63, 0], [2**62, 2**62, 0], [0, 2**40, 2**40, 2**40]])
+def test_empty_tensor_with_huge_dimensions_is_refused(tmp_path: Path, shape: list[int]) -> None:
+    """Zero bytes pass the size check whatever the other dimensions are: torch's int64 strides cannot."""
+
+    header, data = maker.split_st(maker.get(_golden_members(), "program.safetensors"))
+    header["ptn/empty"] = {"dtype": "F32", "shape": shape, "data_offsets": [len(data), len(data)]}
+    st = maker.join_st(header, data)
+    path = _write(tmp_path, "huge.ptn", maker.replace(_golden_members(), "program.safetensors", st))
+    with pytest.raises(PtnFormatError, match=r"tensor 'ptn/empty' shape .* is too large"):
+        read_ptn(path)
+
+
+@pytest.mark.parametrize("flag", [1 << 5, 1 << 6])
+def test_unsupported_zip_flags_are_refused(tmp_path: Path, flag: int) -> None:
+    """zipfile raises NotImplementedError for patched data and strong encryption."""
+    blob = bytearray(GOLDEN.read_bytes())
+    at = blob.find(b"PK\x01\x02")  # the first central directory entry: its flags at +8
+    blob[at + 8 : at + 10] = struct.pack("<H", flag)
+    path = tmp_path / "flags.ptn"
+    path.write_bytes(bytes(blob))
+    with pytest.raises(PtnFormatError, match="uses an unsupported zip feature"):
+        read_ptn(path)
+
+
+def test_unsupported_zip_version_is_refused(tmp_path: Path) -> None:
+    blob = bytearray(GOLDEN.read_bytes())
+    at = blob.find(b"PK\x01\x02")  # version needed to extract at +6
+    blob[at + 6 : at + 8] = b"\xff\xff"
+    path = tmp_path / "version.ptn"
+    path.write_bytes(bytes(blob))
+    with pytest.raises(PtnFormatError, match="uses an unsupported zip feature: zip file version"):
+        read_ptn(path)
+
+
+def test_long_alias_chain_is_refused_in_linear_time(tmp_path: Path) -> None:
+    links = 100_000
+    chain = {"two": "a0"} | {f"a{i}": f"a{i + 1}" for i in range(links)} | {f"a{links}": "count"}
+    aliases = json.dumps(chain).encode()
+    path = _write(tmp_path, "chain.ptn", maker.replace(_golden_members(), "aliases.json", aliases))
+    start = time.monotonic()
+    with pytest.raises(PtnFormatError, match="alias of an alias"):
+        read_ptn(path)
+    assert time.monotonic() - start < 10
+
+
+def test_too_many_tensors_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(zipdata, "MAX_TENSORS", 3)  # the golden stores 4
+    with pytest.raises(PtnFormatError, match=r"too many tensors in program.safetensors: 4 > 3"):
+        read_ptn(GOLDEN)
+
+
+def test_reading_never_imports_the_interpreter() -> None:
+    """The interpreter imports the reader: the reader importing it back would be a cycle."""
+    code = (
+        "import sys, warnings; warnings.simplefilter('ignore')\n"
+        "from pytest_ptn.ptn_package import read_ptn\n"
+        f"read_ptn({str(GOLDEN)!r})\n"
+        "assert 'pytest_ptn.ptn_interpreter' not in sys.modules\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_shape_fits_declared_sizes() -> None:
+    dim = type("Dim", (), {})
+
+    def d(lo: int, hi: int) -> object:
+        v = dim()
+        v.min, v.max = lo, hi  # type: ignore[attr-defined]
+        return v
+
+    assert shape_fits([d(3, 3), d(1, -1)], (3, 1000))
+    assert shape_fits([d(1, 8)], (8,)) and not shape_fits([d(1, 8)], (9,)) and not shape_fits([d(2, 8)], (1,))
+    assert not shape_fits([d(3, 3)], (3, 1)) and shape_fits([], ())
 
 
 # ---- more malformed headers and alias maps ------------------------------------------------------

@@ -206,7 +206,10 @@ def test_results_json(suite: pytest.Pytester) -> None:
     assert failing["seed"] == 1234
     assert failing["scenario"] == "kv_cache"
     assert failing["backend"] == "reference"
-    assert failing["reason"] == "AssertionError: decode read prefill/_lifted_tensor_constant0 | wrong weights"
+    # The whole message, not its first line: pytest's explanation of the assertion is part of the finding.
+    assert failing["reason"] == (
+        "AssertionError: decode read prefill/_lifted_tensor_constant0 | wrong weights\nassert 1 == 2"
+    )
     assert failing["repro"] == "pytest --ptn-backend=reference 'test_suite.py::test_isolation_reference'"
     assert rows[("test_isolation_native", "E1")]["reason"] == (
         "native: constant 'lifted_tensor_0' differs between methods"
@@ -221,7 +224,7 @@ def test_results_json(suite: pytest.Pytester) -> None:
     # A SHOULD failure the plugin turned into an xfail is still a failure of that rule, not a known bug.
     assert (
         rows[("test_deterministic_native", "P9")]["reason"]
-        == "AssertionError: package bytes differ at offset 12"
+        == "AssertionError: package bytes differ at offset 12\nassert False"
     )
     assert rows[("test_sharing_native", "S1")]["scenario"] is None
     assert matrix.load(suite.path / "out" / "results.json").results  # round-trips through the validator

@@ -25,8 +25,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from pytest_ptn import upstream_noise
 from pytest_ptn.backend import Availability, Capability, Lowered, MemoryReading, package_version
-from pytest_ptn.backends.pte import PteBackend, PteLoaded, PteLowered, _quiet
+from pytest_ptn.backends.pte import PteBackend, PteLoaded, PteLowered
 
 if TYPE_CHECKING:
     import torch
@@ -96,7 +97,7 @@ def _load_measured(path: str, data_path: str | None, methods: list[str]) -> tupl
 
     share_weights_across_methods()
     probe = NvmlMemory()
-    with _quiet():
+    with upstream_noise.contained():
         from executorch.runtime import Runtime
 
         program = Runtime.get().load_program(path, data_path=data_path)

@@ -11,13 +11,12 @@ methods: the plugin imports this module at start-up.
 from __future__ import annotations
 
 import importlib.util
-import warnings
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pytest_ptn import upstream_noise
 from pytest_ptn.backend import Availability, Backend, Capability, Loaded, Lowered, package_version
 
 if TYPE_CHECKING:
@@ -120,7 +119,7 @@ class PteBackend(Backend):
         return ExecutorchBackendConfig()
 
     def lower(self, programs: dict[str, ExportedProgram], workdir: Path) -> PteLowered:
-        with _quiet():
+        with upstream_noise.contained():  # executorch warns on import and on every mutated buffer
             from executorch.exir import to_edge_transform_and_lower
 
             edge = to_edge_transform_and_lower(
@@ -199,7 +198,7 @@ class SharedStateBackend(PteBackend):
 
 
 def _load_program(lowered: PteLowered) -> Program:
-    with _quiet():
+    with upstream_noise.contained():
         from executorch.runtime import Runtime
 
         return Runtime.get().load_program(lowered.path, data_path=lowered.data_path)
@@ -223,12 +222,3 @@ def _signatures(programs: dict[str, ExportedProgram]) -> dict[str, MethodSignatu
         buffers = frozenset(fqn for fqn in sig.inputs_to_buffers.values() if fqn in mutable)
         out[method] = MethodSignature(mutations, buffers)
     return out
-
-
-@contextmanager
-def _quiet() -> Iterator[None]:
-    """executorch warns on import (importlib.resources) and on every mutated buffer; under ``-W error`` the
-    suite must judge what the program computes, not the toolchain's notices."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield

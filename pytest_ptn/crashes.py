@@ -1,0 +1,206 @@
+"""A backend that kills its process fails the test it was running, never the run.
+
+Conformance runs go to pytest-xdist workers (one worker when no ``-n`` is given), and xdist replaces a
+worker that dies. This module turns such a death into a true verdict: the test the worker was running fails
+with the signal, the step it was in (lowering, loading, running a call) and a command that reproduces it.
+Workers share a run folder with the controller: before each backend step a worker writes what it is about to
+do ("last words") there, faulthandler dumps the dying worker's stack there, and the controller reads both
+when the worker is gone. It also records the (backend, scenario, step) that crashed, so a later test of that
+case that reaches the same step fails at once, naming the first crash, instead of killing one worker per test.
+
+Nothing here imports torch: the controller never does.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+FATAL_ERRORS = {
+    "Segmentation fault": signal.SIGSEGV,
+    "Aborted": signal.SIGABRT,
+    "Bus error": signal.SIGBUS,
+    "Floating-point exception": signal.SIGFPE,
+    "Floating point exception": signal.SIGFPE,
+    "Illegal instruction": signal.SIGILL,
+}
+"""faulthandler's words for the fatal signals it reports."""
+
+FAULT_LINES = 25
+"""Lines of a dying worker's faulthandler dump a crash report keeps: the innermost frames come first."""
+
+CRASHED_STEPS = "crashed-steps.json"
+PROPERTIES = "properties.json"
+
+
+class CrashedEarlier(Exception):
+    """A step of this case killed a worker earlier in the run; the message names that crash."""
+
+
+@dataclass
+class Step:
+    """What a worker is doing inside a case, written down before it does it."""
+
+    backend: str
+    scenario: str
+    step: str
+
+    def describe(self) -> str:
+        return f"{self.step} {self.scenario} on {self.backend}"
+
+
+class WorkerLog:
+    """A worker's side of the run folder: its last words, written before each step."""
+
+    def __init__(self, folder: Path, worker_id: str):
+        self.folder = folder
+        self.last_words = folder / f"{worker_id}.last"
+
+    def say(self, **words: Any) -> None:
+        self.last_words.write_text(json.dumps(words))
+
+    def enter(self, step: Step, known: bool = True) -> None:
+        """Note the step; fail it at once if it crashed a worker earlier in this run (for a ``known``
+        scenario: an ad-hoc program's name does not tell two programs apart)."""
+        earlier = read_crashed_steps(self.folder).get(_step_key(step)) if known else None
+        if earlier is not None:
+            raise CrashedEarlier(f"{step.describe()} crashed earlier in this run, not retried: {earlier}")
+        self.say(step=step.__dict__, attached=self.attached)
+
+    attached = ""
+    """Text a crash report shows after the step (the fuzz test's current program)."""
+
+
+_worker: WorkerLog | None = None
+_fault: IO[str] | None = None
+
+
+def start_worker(folder: Path, worker_id: str) -> None:
+    """This process is a worker: last words and faulthandler's dump go to the run folder."""
+    global _worker, _fault
+    _worker = WorkerLog(folder, worker_id)
+    _fault = (folder / f"{worker_id}.fault").open("w")
+    faulthandler.enable(file=_fault, all_threads=False)
+
+
+def stop_worker() -> None:
+    global _worker, _fault
+    if _fault is not None:
+        faulthandler.disable()
+        _fault.close()
+    _worker = _fault = None
+
+
+def note_test(nodeid: str) -> None:
+    """A new test starts: last words name it until a backend step says more."""
+    if _worker is not None:
+        _worker.attached = ""
+        _worker.say(test=nodeid)
+
+
+def attach(text: str) -> None:
+    """Show ``text`` in the report if this worker dies in a later step of the current test."""
+    if _worker is not None:
+        _worker.attached = text
+
+
+def enter(backend: str, scenario: str, step: str, known: bool = True) -> None:
+    """Called before each backend step of a case (a no-op outside an isolated worker)."""
+    if _worker is not None:
+        _worker.enter(Step(backend, scenario, step), known)
+
+
+def _step_key(step: Step) -> str:
+    return f"{step.backend}::{step.scenario}::{step.step}"
+
+
+def read_crashed_steps(folder: Path) -> dict[str, str]:
+    try:
+        data = json.loads((folder / CRASHED_STEPS).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def write_properties(folder: Path, properties: dict[str, list[tuple[str, str]]]) -> None:
+    """Each test's user properties, so the controller can put a crashed test in the matrix."""
+    tmp = folder / f".{PROPERTIES}.{os.getpid()}"
+    tmp.write_text(json.dumps(properties))
+    os.replace(tmp, folder / PROPERTIES)
+
+
+def read_properties(folder: Path, nodeid: str) -> list[tuple[str, str]]:
+    try:
+        data = json.loads((folder / PROPERTIES).read_text())
+    except (OSError, ValueError):
+        return []
+    return [(str(k), str(v)) for k, v in data.get(nodeid, [])]
+
+
+def how_it_died(returncode: int | None, fault: str) -> str:
+    """'killed by SIGSEGV (Segmentation fault)' from the exit status, else from faulthandler's dump."""
+    if returncode is not None and returncode < 0:
+        try:
+            name = signal.Signals(-returncode)
+            return f"killed by {name.name} ({signal.strsignal(name) or name.name})"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    for words, sig in FATAL_ERRORS.items():
+        if f"Fatal Python error: {words}" in fault:
+            return f"killed by {sig.name} ({words})"
+    if returncode is not None:
+        return f"exited with status {returncode} in the middle of the test"
+    return "died without a fatal-error report (os._exit, SIGKILL or the out-of-memory killer)"
+
+
+def worker_returncode(worker: Any) -> int | None:
+    """The dead worker's exit status, where execnet's popen gateway can tell it."""
+    io = getattr(getattr(worker, "gateway", None), "_io", None)
+    popen = getattr(io, "popen", None)
+    if popen is None:
+        return None
+    try:
+        return int(popen.wait(timeout=10))
+    except Exception:
+        return None
+
+
+def crash_report(folder: Path, worker_id: str, returncode: int | None, nodeid: str, repro: str | None) -> str:
+    """The failure text of a test whose worker died; records the crashed step for later tests of its case."""
+    fault = _read(folder / f"{worker_id}.fault")
+    how = how_it_died(returncode, fault)
+    try:
+        said = json.loads(_read(folder / f"{worker_id}.last") or "{}")
+    except ValueError:
+        said = {}
+    step = said.get("step") if isinstance(said, dict) else None
+    where = ""
+    if isinstance(step, dict):
+        current = Step(**step)
+        where = f" while {current.describe()}"
+        crashed = read_crashed_steps(folder)
+        crashed.setdefault(_step_key(current), f"the worker was {how} in {nodeid}")
+        (folder / CRASHED_STEPS).write_text(json.dumps(crashed))
+    lines = [f"crashed: the worker process was {how}{where}"]
+    attached = said.get("attached") if isinstance(said, dict) else None
+    if attached:
+        lines.append(str(attached))
+    if repro:
+        lines.append(f"reproduce (in-process, the crash ends that run): {repro} -n 0")
+    dump = [line for line in fault.strip().splitlines() if line.strip()][:FAULT_LINES]
+    if dump:
+        lines.append("faulthandler (most recent call first):")
+        lines += [f"  {line}" for line in dump]
+    return "\n".join(lines)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""

@@ -1,0 +1,166 @@
+"""``python -m pytest_ptn --version`` and ``list``: what is installed, which rules each backend can show."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import pytest_ptn
+from pytest_ptn import backend, inventory
+from pytest_ptn.__main__ import main
+from pytest_ptn.backend import Availability, Backend, Capability, Loaded, Lowered, installed_backends
+from pytest_ptn.backends.pte import PteBackend
+from pytest_ptn.backends.reference import ReferenceBackend
+from pytest_ptn.catalogue import SCENARIOS
+from pytest_ptn.ruleset import RULES, rules_shown
+
+README = Path(__file__).parents[1] / "README.md"
+
+
+def listed(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    assert main(["list", *args]) == 0
+    return capsys.readouterr().out
+
+
+def test_version_is_the_distribution_version(capsys: pytest.CaptureFixture[str]) -> None:
+    assert pytest_ptn.__version__ == importlib.metadata.version("pytest-ptn")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"pytest-ptn {pytest_ptn.__version__} (conformance spec v1)"
+
+
+def test_rules_shown_follow_capabilities() -> None:
+    assert rules_shown(ReferenceBackend) == dict.fromkeys(RULES, "")
+    pte = rules_shown(PteBackend)
+    assert sorted(pte) == ["E1", "E2", "E3", "E4", "E5", "X1"]
+    assert "only where lowering rejects" in pte["X1"]
+    assert all(not pte[r] for r in pte if r != "X1")
+
+
+def test_summary_names_whole_families_and_marks_conditional_rules() -> None:
+    assert inventory.summarize_rules(rules_shown(ReferenceBackend)) == "P E S X"
+    assert inventory.summarize_rules(rules_shown(PteBackend)) == "E X1?"
+    shown = {"E1": "", "S6": "", "X1": "only sometimes"}
+    assert inventory.summarize_rules(shown) == "E1 S6 X1?"
+    assert inventory.summarize_rules({}) == "none"
+
+
+def test_list_backends_text(capsys: pytest.CaptureFixture[str]) -> None:
+    out = listed(capsys, "backends")
+    lines = {line.split()[0]: line.split() for line in out.splitlines()[1:] if line}
+    assert set(installed_backends()) <= set(lines)
+    assert lines["reference"][:2] == ["reference", "yes"]
+    assert "P E S X" in " ".join(lines["reference"])
+    assert " E X1? " in f" {' '.join(lines['pte'])} "
+    assert "X1?: applies only where lowering rejects" in out
+
+
+def test_list_backends_json(capsys: pytest.CaptureFixture[str]) -> None:
+    by_name = {b["name"]: b for b in json.loads(listed(capsys, "backends", "--json"))}
+    assert set(by_name) == set(installed_backends())
+    reference = by_name["reference"]
+    assert reference["available"] is True
+    assert reference["capabilities"] == [c.value for c in Capability]
+    assert set(reference["versions"]) == {"torch", "safetensors"}
+    assert reference["rules"] == dict.fromkeys(RULES, "")
+    assert "X2" not in by_name["pte"]["rules"]
+    assert by_name["pte"]["rules"]["X1"]
+
+
+class Unavailable(Backend):
+    name = "unavailable"
+    capabilities = frozenset({Capability.EXECUTE})
+
+    @classmethod
+    def availability(cls) -> Availability:
+        return Availability(False, "needs a flux capacitor")
+
+    def lower(self, programs: Any, workdir: Path) -> Lowered:
+        raise NotImplementedError
+
+    def load(self, lowered: Lowered) -> Loaded:
+        raise NotImplementedError
+
+
+def test_unavailable_and_broken_backends_are_listed_with_why(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    group = "pytest_ptn.backends"
+    entry_points = {
+        "unavailable": importlib.metadata.EntryPoint("unavailable", f"{__name__}:Unavailable", group),
+        "broken": importlib.metadata.EntryPoint("broken", "no_such_module_for_ptn:Backend", group),
+    }
+    monkeypatch.setattr(backend, "installed_backends", lambda: entry_points)
+    monkeypatch.setattr(inventory, "installed_backends", lambda: entry_points)
+    out = listed(capsys, "backends")
+    rows = {line.split()[0]: line for line in out.splitlines()[1:]}
+    assert rows["unavailable"].split()[1:4] == ["no", "execute", "E"]
+    assert rows["unavailable"].endswith("needs a flux capacitor")
+    assert rows["broken"].split()[1] == "no"
+    assert "cannot load the backend" in rows["broken"]
+    assert "no_such_module_for_ptn" in rows["broken"]
+
+
+def test_list_scenarios(capsys: pytest.CaptureFixture[str]) -> None:
+    lines = listed(capsys, "scenarios").splitlines()
+    assert lines[0].split() == ["scenario", "tags", "description"]
+    assert [line.split()[0] for line in lines[1:]] == [s.name for s in SCENARIOS]
+    by_name = {s["name"]: s for s in json.loads(listed(capsys, "scenarios", "--json"))}
+    assert by_name["method_named_state"]["tags"] == ["P6", "reject"]
+    assert by_name["kv_cache"]["description"].startswith("A shared KV cache")
+
+
+def test_list_rules(capsys: pytest.CaptureFixture[str]) -> None:
+    rows = {line.split()[0]: line for line in listed(capsys, "rules").splitlines()[1:]}
+    assert list(rows) == list(RULES)
+    assert rows["P9"].split()[1:3] == ["SHOULD", "deterministic"]
+    assert rows["S6"].split()[-2:] == ["execute,", "memory"]
+    assert "without package, only where lowering rejects" in rows["X1"]
+    by_id = {r["id"]: r for r in json.loads(listed(capsys, "rules", "--json"))}
+    assert by_id["X1"]["needs"] == []
+    assert by_id["X2"]["needs"] == ["package"]
+    assert by_id["S1"]["needs"] == ["execute", "storage"]
+
+
+def test_listing_imports_neither_torch_nor_executorch() -> None:
+    script = (
+        "import sys\n"
+        "import pytest_ptn\n"
+        "from pytest_ptn.__main__ import main\n"
+        "pytest_ptn.__version__\n"
+        "for what in ('backends', 'scenarios', 'rules'):\n"
+        "    main(['list', what])\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'executorch'))\n"
+        "print('HEAVY', heavy)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert "reference" in result.stdout
+    assert result.stdout.splitlines()[-1] == "HEAVY []"
+
+
+def readme_backend_rules() -> dict[str, str]:
+    """The README's backends table: backend name -> its rules column."""
+    section = README.read_text().split("\n## Backends\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line.strip("|").split("|") for line in section.splitlines() if line.startswith("|")]
+    header = [cell.strip() for cell in rows[0]]
+    name, rules = header.index("name"), header.index("rules")
+    return {row[name].strip().strip("`"): row[rules].strip() for row in rows[2:]}
+
+
+def test_readme_backends_table_agrees_with_the_capabilities() -> None:
+    table = readme_backend_rules()
+    backends = {b.name: b for b in inventory.backends()}
+    assert set(table) == set(backends)
+    wrong = {
+        name: (table[name], expected)
+        for name, b in backends.items()
+        if table[name] != (expected := inventory.summarize_rules(b.rules))
+    }
+    assert not wrong, f"README rules column (written, from the data): {wrong}"

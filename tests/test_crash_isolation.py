@@ -1,0 +1,141 @@
+"""A backend that kills its process fails the tests it crashed, serial and under ``-n``; the run goes on.
+
+Each run here is a real pytest in a subprocess with a backend that dies (a signal, abort) in one step of one
+scenario: the crashed tests fail naming the signal and the step, the tests that never reach that step pass,
+and every report (terminal, results.json, summary.md) shows the failures.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+
+from pytest_ptn import crashes
+
+CRASHING_BACKENDS = """
+import os
+import signal
+
+from pytest_ptn.backends.reference import ReferenceBackend
+
+
+class SegfaultOnLoad(ReferenceBackend):
+    name = "segfault-on-load"
+
+    def load(self, lowered):
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+
+class AbortOnRun(ReferenceBackend):
+    name = "abort-on-run"
+
+    def load(self, lowered):
+        loaded = super().load(lowered)
+        run = loaded.run
+
+        def dying_run(method, inputs):
+            if method == "decode":
+                os.abort()
+            return run(method, inputs)
+
+        loaded.run = dying_run
+        return loaded
+"""
+
+LOADING_TESTS = {"test_each_method_matches_eager", "test_valid_program_lowers_and_loads"}
+"""Tests of the scenario selected below that load the program (E1, E2; S2/S4/S5 also load)."""
+
+
+@pytest.fixture
+def crashing(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    monkeypatch.delenv("PYTEST_ADDOPTS")  # the default: isolation on
+    pytester.makepyfile(crashing_backends=CRASHING_BACKENDS)
+    pytester.makeini(f"[pytest]\npythonpath = {pytester.path}\n")
+    return pytester
+
+
+def run(
+    pytester: pytest.Pytester, backend: str, *args: str, select: str = "colliding_literals"
+) -> pytest.RunResult:
+    return pytester.runpytest_subprocess(
+        f"--ptn-backend=crashing_backends:{backend}",
+        "-k",
+        select,
+        "-p",
+        "no:cacheprovider",
+        "--ptn-report",
+        "report",
+        "-rf",
+        *args,
+    )
+
+
+def failures(pytester: pytest.Pytester) -> list[dict]:
+    results = json.loads((pytester.path / "report" / "results.json").read_text())["results"]
+    return [r for r in results if r["outcome"] != "pass"]
+
+
+def test_segfault_fails_the_tests_that_load_and_the_run_goes_on(crashing: pytest.Pytester) -> None:
+    result = run(crashing, "SegfaultOnLoad", select="colliding_literals or generated")
+    outcomes = result.parseoutcomes()
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+    assert outcomes.get("passed", 0) >= 6, outcomes  # P1-P5, P9 only lower
+    assert outcomes["failed"] == 6, outcomes  # E1, E2, S2, S4, S5 load; so does the fuzz test
+    result.stdout.fnmatch_lines(
+        ["*killed by SIGSEGV*while loading spec*", "the program, as a test:", "*def test_*"]
+    )
+    result.stdout.fnmatch_lines(
+        ["*crash isolation on*", "*killed by SIGSEGV*while loading colliding_literals*"]
+    )
+    failed = failures(crashing)
+    assert {r["rule"] for r in failed} == {"E1", "E2", "S2", "S4", "S5"}
+    assert all("SIGSEGV" in r["reason"] for r in failed), failed
+    summary = (crashing.path / "report" / "summary.md").read_text()
+    assert "MUST: all pass" not in summary and "SIGSEGV" in summary
+
+
+def test_abort_under_xdist_fails_the_running_tests_and_the_run_goes_on(crashing: pytest.Pytester) -> None:
+    result = run(crashing, "AbortOnRun", "-n", "2")
+    outcomes = result.parseoutcomes()
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+    assert outcomes["failed"] >= 1 and outcomes.get("passed", 0) >= 6, outcomes
+    result.stdout.fnmatch_lines(["*killed by SIGABRT*while running decode() colliding_literals*"])
+    failed = failures(crashing)
+    assert failed and all("SIGABRT" in r["reason"] for r in failed), failed
+    assert "MUST: all pass" not in (crashing.path / "report" / "summary.md").read_text()
+
+
+def test_in_process_run_says_a_crash_ends_it(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest_inprocess("--ptn-backend=reference", "--co", "-p", "no:cacheprovider")
+    result.stdout.fnmatch_lines(["*crash isolation off*"])
+
+
+@pytest.mark.parametrize(
+    ("returncode", "fault", "said"),
+    [
+        (-signal.SIGSEGV, "", "killed by SIGSEGV"),
+        (None, "Fatal Python error: Bus error\n", "killed by SIGBUS"),
+        (7, "", "exited with status 7"),
+        (None, "", "without a fatal-error report"),
+    ],
+)
+def test_how_a_worker_died_is_named(returncode: int | None, fault: str, said: str) -> None:
+    assert said in crashes.how_it_died(returncode, fault)
+
+
+def test_a_crashed_step_fails_later_tests_of_its_case_at_once(tmp_path: Path) -> None:
+    (tmp_path / "gw0.last").write_text(
+        json.dumps({"step": {"backend": "b", "scenario": "s", "step": "loading"}, "attached": "program X"})
+    )
+    text = crashes.crash_report(tmp_path, "gw0", -signal.SIGSEGV, "t.py::test[b-s]", "pytest t.py")
+    assert "while loading s on b" in text and "program X" in text and "pytest t.py -n 0" in text
+    log = crashes.WorkerLog(tmp_path, "gw1")
+    with pytest.raises(
+        crashes.CrashedEarlier, match=r"killed by SIGSEGV \(Segmentation fault\) in t.py::test"
+    ):
+        log.enter(crashes.Step("b", "s", "loading"))
+    log.enter(crashes.Step("b", "s", "lowering"))  # another step of the case still runs
