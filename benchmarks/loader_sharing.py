@@ -9,7 +9,7 @@ loaded in fresh processes:
 - ``reference, sharing``: ``ReferenceLoaded`` with the reference ``SharingCache`` (what the backend does);
 - ``reference, no sharing``: the same loader with a cache whose ``share()`` always materializes.
 
-With ``pytest_ptn/backends/aoti.py`` usable (a C++ compiler; ~15 s per method to compile, cached on disk under
+With ``pytest_ptn/backends/aoti/`` usable (a C++ compiler; ~15 s per method to compile, cached on disk under
 ``$PTN_AOTI_CACHE``, default ``<tmp>/ptn-bench-aoti``), the same for its ``ContentSharedLoaded`` and, for
 reference, its ``UpstreamLoaded`` (the ExecuTorch CUDA delegate's by-name policy).
 
@@ -46,9 +46,9 @@ def never_shares() -> Any:
     """A SharingCache that never hits: every bind materializes its constant (no digest, no lookup)."""
     import torch
 
-    from pytest_ptn import rules
+    from pytest_ptn import content
 
-    class NeverShares(rules.SharingCache):
+    class NeverShares(content.SharingCache):
         def share(self, host: torch.Tensor, materialize: Any = torch.clone, key: Any = None) -> torch.Tensor:
             t = materialize(host)
             self.materialized_bytes += t.untyped_storage().nbytes()
@@ -108,13 +108,13 @@ def child(variant: str, path: str, entries: dict[str, str]) -> None:
 
     import torch  # noqa: F401  (imported before the baseline)
 
-    from pytest_ptn import rules
+    from pytest_ptn import content
 
     if variant.startswith("reference"):
-        from pytest_ptn.loader import ReferenceLoaded
-        from pytest_ptn.package import read_package
+        from pytest_ptn.reference.loader import ReferenceLoaded
+        from pytest_ptn.reference.package import read_package
 
-        cache = never_shares() if "no" in variant else rules.SharingCache()
+        cache = never_shares() if "no" in variant else content.SharingCache()
         base = reset_peak()
         t0 = time.perf_counter()
         pkg = read_package(Path(path))
@@ -122,8 +122,13 @@ def child(variant: str, path: str, entries: dict[str, str]) -> None:
         loaded: Any = ReferenceLoaded(pkg, {}, cache)
         methods = list(pkg.bindings)
     else:
-        from pytest_ptn.aoti_cache import CompiledMethod
-        from pytest_ptn.backends.aoti import AotiLowered, ContentSharedLoaded, FqnCache, UpstreamLoaded
+        from pytest_ptn.backends.aoti.backend import (
+            AotiLowered,
+            ContentSharedLoaded,
+            FqnCache,
+            UpstreamLoaded,
+        )
+        from pytest_ptn.backends.aoti.cache import CompiledMethod
 
         lowered = AotiLowered(
             Path(path), {m: CompiledMethod.read(Path(d)) for m, d in entries.items()}, frozenset(), "cpu"
@@ -134,7 +139,7 @@ def child(variant: str, path: str, entries: dict[str, str]) -> None:
         if variant.startswith("aoti-upstream"):
             loaded = UpstreamLoaded(lowered, threading.Lock(), FqnCache())
         else:
-            cache = never_shares() if "no" in variant else rules.SharingCache()
+            cache = never_shares() if "no" in variant else content.SharingCache()
             loaded = ContentSharedLoaded(lowered, threading.Lock(), cache)
     for m in methods:
         loaded.load_method(m)
@@ -154,9 +159,9 @@ def child(variant: str, path: str, entries: dict[str, str]) -> None:
 def lower_aoti(programs: dict[str, Any], workdir: Path) -> tuple[Any, Any, float] | str:
     """The aoti backend, its lowering and the lowering time, or why the aoti backend is not usable."""
     try:
-        from pytest_ptn.backends.aoti import AotiBackend
+        from pytest_ptn.backends.aoti.backend import AotiBackend
     except Exception as exc:  # another engineer's work in progress: any failure means "not usable"
-        return f"pytest_ptn.backends.aoti does not import ({type(exc).__name__}: {exc})"
+        return f"pytest_ptn.backends.aoti.backend does not import ({type(exc).__name__}: {exc})"
     avail = AotiBackend.availability()
     if not avail.available:
         return f"aoti unavailable: {avail.reason}"
@@ -190,7 +195,7 @@ def main() -> None:
     import torch
 
     from pytest_ptn.backends.reference import ReferenceBackend
-    from pytest_ptn.package import read_package
+    from pytest_ptn.reference.package import read_package
 
     weight = parse_size(args.weight or ("16MiB" if args.quick else "256MiB"))
     t0 = time.perf_counter()
@@ -208,7 +213,7 @@ def main() -> None:
         largest = max(t.nbytes for t in pkg.tensors.values())
         del pkg
         check(backend.load(lowered), modules, x, shared=True)
-        from pytest_ptn.loader import ReferenceLoaded
+        from pytest_ptn.reference.loader import ReferenceLoaded
 
         check(ReferenceLoaded(read_package(lowered.path), lowered.graphs, never_shares()), modules, x, False)
 

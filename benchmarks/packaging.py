@@ -1,6 +1,6 @@
 """Packaging benchmark: pytest_ptn vs executorch 1.5.1 on one synthetic multi-method constant set.
 
-(a) pytest_ptn: ``rules.plan_package`` + ``package.write_package`` (bindings: every constant of a method).
+(a) pytest_ptn: ``planner.plan_package`` + ``package.write_package`` (bindings: every constant of a method).
 (b) executorch 1.5.1: ``exir.native.native._merge_constants`` on the per-method dicts +
     ``exir._serialize._ptn.write_ptn(path, ptg=b"", constants, mutable_keys=frozenset())``.
 
@@ -130,14 +130,15 @@ def child(side: str, cfg: Config, workdir: Path) -> None:
         peak = peak_rss() - base
         hashed = {"bytes": unique, "seconds": stages["dedupe"]}
     elif side == "pytest_ptn":
-        from pytest_ptn import package, rules
+        from pytest_ptn import content
+        from pytest_ptn.reference import package, planner
 
-        uses = {m: {k: rules.ConstantUse(t) for k, t in c.items()} for m, c in methods.items()}
-        counter = Counter(rules.digest, nbytes)
-        rules.digest = counter  # plan_package looks digest up in its module at call time
+        uses = {m: {k: planner.ConstantUse(t) for k, t in c.items()} for m, c in methods.items()}
+        counter = Counter(content.digest, nbytes)
+        content.digest = counter  # memoized_digest looks digest up in pytest_ptn.content at call time
         base = reset_peak()
         t0 = time.perf_counter()
-        plan = rules.plan_package(uses)
+        plan = planner.plan_package(uses)
         t1 = time.perf_counter()
         bindings = {
             m: {"inputs": [{"kind": "constant", "key": k, "final": f} for k, f in b.items()], "outputs": []}

@@ -1,7 +1,7 @@
 """Conformance-suite benchmark: wall time of the installed suite as a user runs it, in an empty folder.
 
 - ``reference`` serially and with ``-n 2`` (pytest-xdist): best of ``--repeat``, and the speed-up;
-- ``aoti`` (``pytest_ptn/backends/aoti.py``, when it imports and a C++ compiler exists), whose lowering is
+- ``aoti`` (``pytest_ptn/backends/aoti/``, when it imports and a C++ compiler exists), whose lowering is
   cached on disk: a first run on an empty ``$PTN_AOTI_CACHE`` and a second (warm) run on the same cache,
   with ``--aoti-workers`` xdist workers (default 2; compiling is the slow part).
 
@@ -65,16 +65,16 @@ def aoti_spec() -> str | None:
     try:
         from importlib.metadata import entry_points
 
-        from pytest_ptn.backends.aoti import AotiBackend
+        from pytest_ptn.backends.aoti.backend import AotiBackend
     except Exception as exc:  # another engineer's work in progress: any failure means "not usable"
-        print(f"aoti: pytest_ptn.backends.aoti does not import ({exc})", file=sys.stderr)
+        print(f"aoti: pytest_ptn.backends.aoti.backend does not import ({exc})", file=sys.stderr)
         return None
     avail = AotiBackend.availability()
     if not avail.available:
         print(f"aoti: unavailable ({avail.reason})", file=sys.stderr)
         return None
     installed = {ep.name for ep in entry_points(group="pytest_ptn.backends")}
-    return "aoti" if "aoti" in installed else "pytest_ptn.backends.aoti:AotiBackend"
+    return "aoti" if "aoti" in installed else "pytest_ptn.backends.aoti.backend:AotiBackend"
 
 
 def main() -> None:

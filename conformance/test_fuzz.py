@@ -24,8 +24,8 @@ def test_generated_programs_match_eager(
 ) -> None:
     from hypothesis import given
 
-    from pytest_ptn import crashes
     from pytest_ptn.harness import check_spec, fail_on
+    from pytest_ptn.scheduling import crashes
     from pytest_ptn.spec import ProgramSpec
     from pytest_ptn.strategies import program_specs, reproducer
 

@@ -23,6 +23,7 @@ import pytest
 
 from pytest_ptn.backend import Lowered
 from pytest_ptn.harness import Case
+from pytest_ptn.ruleset import not_applicable
 
 ALIASES = "aliases.json"
 ABSURD_HEADER_LENGTH = 2**62
@@ -172,8 +173,9 @@ def _lowered(case: Case) -> Lowered:
         return case.lower()
     except (Exception, pytest.fail.Exception) as e:  # the P and E rules report a failed lowering
         pytest.skip(
-            f"not applicable: no package to damage: {case.backend.name} could not lower "
-            f"{case.scenario.name} ({e})"
+            not_applicable(
+                f"no package to damage: {case.backend.name} could not lower {case.scenario.name} ({e})"
+            )
         )
 
 
@@ -292,7 +294,7 @@ def test_failed_save_leaves_the_package_intact(ptn_case: Case, tmp_path: Path) -
         except Exception as e:
             error = e
     if not disk.injected:
-        pytest.skip("not applicable: could not inject a write failure (fewer than two zip member writes)")
+        pytest.skip(not_applicable("could not inject a write failure (fewer than two zip member writes)"))
 
     problems = []
     if error is None:

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from pytest_ptn.exported import constants_of, mutable_keys, unique_immutable_bytes
 from pytest_ptn.harness import Case
+from pytest_ptn.programs.exported import constants_of, mutable_keys, unique_immutable_bytes
 
 pytestmark = pytest.mark.ptn_scenarios("valid")
 

@@ -6,6 +6,7 @@ import pytest
 
 from pytest_ptn.backend import Capability
 from pytest_ptn.harness import Case
+from pytest_ptn.ruleset import not_applicable
 
 
 def _rejection(case: Case) -> Exception | None:
@@ -47,7 +48,7 @@ def test_rejection_names_method_and_key(ptn_case: Case) -> None:
     if error is None:
         if Capability.PACKAGE in ptn_case.backend.capabilities:
             pytest.fail(f"lowering accepted {ptn_case.scenario.name}; nothing to read", pytrace=False)
-        pytest.skip(f"not applicable: {ptn_case.backend.name} accepts {ptn_case.scenario.name}")
+        pytest.skip(not_applicable(f"{ptn_case.backend.name} accepts {ptn_case.scenario.name}"))
     message = str(error)
     missing = [name for name in ptn_case.scenario.names if name not in message]
     assert not missing, f"{type(error).__name__}: {message!r} does not name {missing}"

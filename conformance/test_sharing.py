@@ -7,9 +7,14 @@ import concurrent.futures
 import pytest
 
 from pytest_ptn.backend import Loaded
-from pytest_ptn.exported import constants_of, immutable_by_content, mutable_keys, unique_immutable_bytes
 from pytest_ptn.harness import Case, fail_on
-from pytest_ptn.programs import Program
+from pytest_ptn.programs.build import Program
+from pytest_ptn.programs.exported import (
+    constants_of,
+    immutable_by_content,
+    mutable_keys,
+    unique_immutable_bytes,
+)
 
 
 def _topology(loaded: Loaded, programs: dict) -> dict[tuple[str, str], int]:

@@ -10,12 +10,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pytest_ptn import DISTRIBUTION, __version__, inventory, matrix
+from pytest_ptn import DISTRIBUTION, __version__, inventory
+from pytest_ptn.reporting import matrix, render, results
 from pytest_ptn.ruleset import SPEC_VERSION
 
 LISTINGS: dict[str, tuple[Callable[[], list[Any]], Callable[[list[Any]], list[str]]]] = {
@@ -62,7 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.run(args))
-    except (OSError, matrix.ResultsFormatError) as exc:
+    except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as shell tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except (OSError, results.ResultsFormatError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
@@ -78,13 +83,13 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _merge(args: argparse.Namespace) -> int:
-    merged = matrix.merge([matrix.load(path) for path in args.inputs])
-    changes = matrix.diff(matrix.load(args.previous), merged) if args.previous else None
-    written = matrix.write_reports(merged, args.output, changes)
-    print("\n".join(matrix.render_text(merged)))
+    merged = results.merge([results.load(path) for path in args.inputs])
+    changes = matrix.diff(results.load(args.previous), merged) if args.previous else None
+    written = render.write_reports(merged, args.output, changes)
+    print("\n".join(render.render_text(merged)))
     if changes is not None:
         print(f"\nchanges since {args.previous}:")
-        print("\n".join(matrix.render_changes_text(changes)))
+        print("\n".join(render.render_changes_text(changes)))
     print()
     print("\n".join(f"wrote {path}" for path in written))
     return 0

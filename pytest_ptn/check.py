@@ -22,8 +22,7 @@ from typing import Any
 import torch
 
 from pytest_ptn.backend import Backend, Capability, resolve_backend
-from pytest_ptn.exported import constants_of, immutable_by_content, mutable_keys
-from pytest_ptn.harness import functionalize
+from pytest_ptn.programs.exported import constants_of, functionalize, immutable_by_content, mutable_keys
 
 
 class _Method(torch.nn.Module):

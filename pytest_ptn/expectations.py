@@ -22,7 +22,7 @@ from pathlib import Path
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from pytest_ptn.catalogue import BY_NAME
+from pytest_ptn.programs.catalogue import BY_NAME
 from pytest_ptn.ruleset import RULES
 
 if sys.version_info >= (3, 11):

@@ -12,22 +12,14 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pytest_ptn.session import LoweringCache
+
 if TYPE_CHECKING:
     import torch
 
     from pytest_ptn.backend import Backend, Loaded, Lowered
-    from pytest_ptn.programs import EagerCall, Program
+    from pytest_ptn.programs.build import EagerCall, Program
     from pytest_ptn.spec import ProgramSpec, Scenario
-
-
-def functionalize(
-    programs: dict[str, torch.export.ExportedProgram],
-) -> dict[str, torch.export.ExportedProgram]:
-    """Core-ATen functional programs: mutations become outputs listed in the graph signature."""
-    from pytest_ptn import upstream_noise
-
-    with upstream_noise.contained():  # torch's own pytree deprecation noise, once per program
-        return {m: ep.run_decompositions({}) for m, ep in programs.items()}
 
 
 @dataclass
@@ -46,33 +38,35 @@ class Case:
         backend: Backend,
         scenario: Scenario,
         workdir: Callable[[str], Path],
-        lowered: dict[tuple[int, str], object],
-        inspected: dict[str, dict[str, torch.export.ExportedProgram]],
+        cache: LoweringCache | None = None,
     ):
+        """``cache`` is shared by the cases of one run (RunState.lowerings); by default a case has its own."""
         self.backend = backend
         self.scenario = scenario
         self._workdir = workdir
-        self._lowered = lowered
-        self._inspected = inspected
+        self._cache = cache if cache is not None else LoweringCache()
 
     @cached_property
     def program(self) -> Program:
-        from pytest_ptn.programs import Program
+        from pytest_ptn.programs.build import Program
 
         return Program(self.scenario.spec)
 
     def exported(self) -> dict[str, torch.export.ExportedProgram]:
         """Fresh programs to inspect (never the ones the backend lowered), functionalized so that their
         signatures list every buffer a method mutates. Computed once per scenario: treat them as read-only."""
+        from pytest_ptn.programs.exported import functionalize
+
+        inspected = self._cache.inspected
         name = self.scenario.name
-        if name not in self._inspected:
-            self._inspected[name] = functionalize(self.program.export())
-        return self._inspected[name]
+        if name not in inspected:
+            inspected[name] = functionalize(self.program.export())
+        return inspected[name]
 
     def _enter(self, step: str) -> None:
         """Note a backend step for crash isolation; fail at once if it crashed a worker earlier."""
-        from pytest_ptn import crashes
-        from pytest_ptn.catalogue import BY_NAME
+        from pytest_ptn.programs.catalogue import BY_NAME
+        from pytest_ptn.scheduling import crashes
 
         try:
             crashes.enter(self.backend.name, self.scenario.name, step, self.scenario.name in BY_NAME)
@@ -90,20 +84,21 @@ class Case:
 
     def lower(self) -> Lowered:
         """The session's lowering of this case; a rejection is re-raised for every test that asks."""
+        lowered = self._cache.lowered
         key = (id(self.backend), self.scenario.name)
-        if key not in self._lowered:
+        if key not in lowered:
             try:
-                self._lowered[key] = self.lower_fresh()
+                lowered[key] = self.lower_fresh()
             except Exception as e:  # kept and re-raised: the rejection is the result
-                self._lowered[key] = e
-        result = self._lowered[key]
+                lowered[key] = e
+        result = lowered[key]
         if isinstance(result, Exception):
             if self.scenario.valid:  # quote the upstream message, not its traceback
                 import pytest
 
                 pytest.fail(f"lowering failed: {type(result).__name__}: {result}", pytrace=False)
             raise result
-        return result  # type: ignore[return-value]
+        return result
 
     def load(self) -> Loaded:
         lowered = self.lower()
@@ -120,7 +115,7 @@ class Case:
     def _owners(self, method: str, inputs: tuple[torch.Tensor, ...]) -> dict[str, list[tuple[str, float]]]:
         """For each name ``method`` reads: what the value would be with another method's tensor of that name
         (so a failure can say whose weights a method read)."""
-        from pytest_ptn.programs import make_tensor, weighted_sum
+        from pytest_ptn.programs.build import make_tensor, weighted_sum
 
         xs = float(inputs[0].sum())
         out: dict[str, list[tuple[str, float]]] = {}
@@ -196,5 +191,5 @@ def check_spec(backend: Backend, spec: ProgramSpec, workdir: Path) -> list[Misma
     """
     from pytest_ptn.spec import Scenario
 
-    case = Case(backend, Scenario("spec", "", spec), lambda name: workdir, {}, {})
+    case = Case(backend, Scenario("spec", "", spec), lambda name: workdir)
     return case.run_sequence(case.load())

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pytest_ptn import catalogue
 from pytest_ptn.backend import BackendError, Capability, availability_of, installed_backends, resolve_backend
+from pytest_ptn.programs import catalogue
 from pytest_ptn.ruleset import RULE_CONDITIONS, RULE_NEEDS, RULES, rules_shown
 
 CONDITIONAL_MARK = "?"

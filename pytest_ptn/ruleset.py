@@ -1,4 +1,5 @@
-"""The numbered rules of conformance spec v1 as data, so markers, reports and tests share one list."""
+"""The numbered rules of conformance spec v1 as data, and the words a test's outcome is told in, so markers,
+reports and tests share one list and one vocabulary."""
 
 from __future__ import annotations
 
@@ -8,12 +9,38 @@ from pytest_ptn.backend import Backend, Capability
 
 SPEC_VERSION = "1"
 
+MUST = "MUST"
+SHOULD = "SHOULD"
+LEVELS = (MUST, SHOULD)
+
+NOT_APPLICABLE_PREFIX = "not applicable"
+"""A skip whose reason starts with this is "not applicable" in reports, not a plain skip."""
+SHOULD_NOT_MET_PREFIX = "SHOULD rule"
+"""A failed SHOULD test becomes an xfail whose reason starts with this: a failure of that rule in reports,
+not a known bug, and not fatal to the run."""
+STRICT_XPASS_PREFIX = "[XPASS(strict)]"
+"""How pytest starts the failure text of a strict xfail that passed (a stale known failure)."""
+
+
+def not_applicable(reason: str) -> str:
+    """The skip reason of a test that cannot apply to this backend or scenario."""
+    return f"{NOT_APPLICABLE_PREFIX}: {reason}"
+
+
+def should_not_met(rules: list[str]) -> str:
+    """The xfail reason a failed SHOULD test is reported with."""
+    return f"{SHOULD_NOT_MET_PREFIX} {', '.join(rules)} not met"
+
+
+def is_strict_xpass(longrepr: object) -> bool:
+    return isinstance(longrepr, str) and longrepr.startswith(STRICT_XPASS_PREFIX)
+
 
 @dataclass(frozen=True)
 class Rule:
     id: str
     title: str
-    level: str  # "MUST" or "SHOULD"
+    level: str  # one of LEVELS
 
     @property
     def family(self) -> str:

@@ -1,9 +1,9 @@
 """Validated reading of zip packages that hold safetensors data and an alias map (rule X2).
 
-Both package formats this project reads (the reference package of :mod:`pytest_ptn.package` and the
-native ``.ptn`` of :mod:`pytest_ptn.ptn_package`) are *uncompressed* zips holding a ``*.safetensors``
-member (owners only) and an ``aliases.json`` member (``{alias: owner}``). This module checks every size
-it is about to trust *before* allocating for it:
+Both package formats this project reads (the reference package of :mod:`pytest_ptn.reference.package` and the
+native ``.ptn`` of :mod:`pytest_ptn.backends.native.package`) are *uncompressed* zips holding a
+``*.safetensors`` member (owners only) and an ``aliases.json`` member (``{alias: owner}``). This module checks
+every size it is about to trust *before* allocating for it:
 
 * :func:`open_zip`: the zip central directory (member spans inside the archive, members stored
   uncompressed so none can inflate past the archive's size, no duplicate members, no member path

@@ -16,13 +16,14 @@ from pathlib import Path
 
 import torch
 
-from pytest_ptn import package as reference_package
-from pytest_ptn import rules
+from pytest_ptn import content
 from pytest_ptn.backend import Lowered
 from pytest_ptn.backends.reference import ReferenceBackend
-from pytest_ptn.loader import ReferenceLoaded, ReferenceLowered
-from pytest_ptn.package import Package, read_package
-from pytest_ptn.rules import ConstantUse, PackagePlan
+from pytest_ptn.reference import package as reference_package
+from pytest_ptn.reference import planner
+from pytest_ptn.reference.loader import ReferenceLoaded, ReferenceLowered
+from pytest_ptn.reference.package import Package, read_package
+from pytest_ptn.reference.planner import ConstantUse, PackagePlan
 
 Uses = Mapping[str, Mapping[str, ConstantUse]]
 
@@ -43,7 +44,7 @@ class NotNamespaced(ReferenceBackend):
     name = "broken-p1"
 
     def plan(self, methods: Uses) -> PackagePlan:
-        plan = rules.plan_package(methods)
+        plan = planner.plan_package(methods)
         return _rename(plan, lambda f: f if f.startswith("state/") else f.split("/", 1)[1])
 
 
@@ -54,7 +55,7 @@ class StatePerMethod(ReferenceBackend):
 
     def plan(self, methods: Uses) -> PackagePlan:
         renamed = {m: {f"{m}@{k}": u for k, u in uses.items()} for m, uses in methods.items()}
-        plan = rules.plan_package(renamed)
+        plan = planner.plan_package(renamed)
         bindings = {m: {k.split("@", 1)[1]: f for k, f in b.items()} for m, b in plan.bindings.items()}
         return dataclasses.replace(plan, bindings=bindings)
 
@@ -65,7 +66,7 @@ class OrphanEntry(ReferenceBackend):
     name = "broken-p3"
 
     def plan(self, methods: Uses) -> PackagePlan:
-        plan = rules.plan_package(methods)
+        plan = planner.plan_package(methods)
         method, uses = next(iter(methods.items()))
         key, use = next(iter(uses.items()), ("x", ConstantUse(torch.zeros(1))))
         plan.entries[key] = use.tensor.clone()
@@ -78,7 +79,7 @@ class NoDedupe(ReferenceBackend):
     name = "broken-p4"
 
     def plan(self, methods: Uses) -> PackagePlan:
-        plan = rules.plan_package(methods)
+        plan = planner.plan_package(methods)
         owners = {**plan.entries}
         for alias, owner in plan.aliases.items():
             owners[alias] = plan.entries[owner].clone()
@@ -91,10 +92,10 @@ class StateDeduped(ReferenceBackend):
     name = "broken-p5"
 
     def plan(self, methods: Uses) -> PackagePlan:
-        plan = rules.plan_package(methods)
+        plan = planner.plan_package(methods)
         for s in sorted(plan.state_keys):
             for owner, t in list(plan.entries.items()):
-                if owner not in plan.state_keys and rules.same_content(t, plan.entries[s]):
+                if owner not in plan.state_keys and content.same_content(t, plan.entries[s]):
                     plan.aliases[s] = owner
                     del plan.entries[s]
                     break
@@ -108,7 +109,7 @@ class StateMethodAllowed(ReferenceBackend):
 
     def plan(self, methods: Uses) -> PackagePlan:
         renamed = {("state-method" if m == "state" else m): u for m, u in methods.items()}
-        plan = rules.plan_package(renamed)
+        plan = planner.plan_package(renamed)
         plan.bindings = {("state" if m == "state-method" else m): b for m, b in plan.bindings.items()}
         return plan
 
@@ -124,7 +125,7 @@ class FirstStateWins(ReferenceBackend):
             for k, u in uses.items():
                 if u.mutable:
                     first.setdefault(k, u)
-        return rules.plan_package(
+        return planner.plan_package(
             {m: {k: first.get(k, u) for k, u in uses.items()} for m, uses in methods.items()}
         )
 
@@ -136,7 +137,7 @@ class LastNameWins(ReferenceBackend):
 
     def plan(self, methods: Uses) -> PackagePlan:
         tags = {m: f"#{i}" for i, m in enumerate(methods)}
-        plan = rules.plan_package({tags[m]: u for m, u in methods.items()})
+        plan = planner.plan_package({tags[m]: u for m, u in methods.items()})
         names = {t: m for m, t in tags.items()}
 
         def rename(final: str) -> str:
@@ -198,9 +199,9 @@ class RejectsCollisions(ReferenceBackend):
         for m, uses in methods.items():
             for k, u in uses.items():
                 first = seen.setdefault(k, (m, u.tensor))
-                if not rules.same_content(first[1], u.tensor):
+                if not content.same_content(first[1], u.tensor):
                     raise ValueError(f"constant {k!r} differs between methods {first[0]!r} and {m!r}")
-        return rules.plan_package(methods)
+        return planner.plan_package(methods)
 
 
 class _StatePerMethodLoaded(ReferenceLoaded):
@@ -343,11 +344,11 @@ class _OrderedLoaded(ReferenceLoaded):
     def _bind(self, method: str, key: str, final: str) -> torch.Tensor:
         local = self.__dict__.setdefault("_local", {})
         host = self._package.tensor(final)
-        content = rules.ContentKey.of(host)
-        for (other, other_content), t in local.items():
-            if other < method and other_content == content:
+        key = content.ContentKey.of(host)
+        for (other, other_key), t in local.items():
+            if other < method and other_key == key:
                 return t
-        return local.setdefault((method, content), self._allocate(host))
+        return local.setdefault((method, key), self._allocate(host))
 
 
 class OrderDependent(_WithLoader):
@@ -378,11 +379,11 @@ class ReuploadToCompare(_WithLoader):
     loaded = _ReuploadLoaded
 
 
-class _RacyCache(rules.SharingCache):
+class _RacyCache(content.SharingCache):
     """Looks up, yields, then inserts without looking again: concurrent loads each miss."""
 
     def share(self, host, materialize=torch.clone):
-        key = rules.ContentKey.of(host)
+        key = content.ContentKey.of(host)
         cached = self._tensors.get(key)
         if cached is None:
             time.sleep(0.05)
@@ -406,8 +407,8 @@ class VagueErrors(ReferenceBackend):
 
     def plan(self, methods: Uses) -> PackagePlan:
         try:
-            return rules.plan_package(methods)
-        except rules.PackagingError as e:
+            return planner.plan_package(methods)
+        except planner.PackagingError as e:
             raise ValueError("invalid program") from e
 
 
@@ -472,8 +473,7 @@ class InPlaceSave(ReferenceBackend):
 
     def lower(self, programs, workdir: Path) -> ReferenceLowered:
         """ReferenceBackend.lower with the zip written straight to ``program.ptpkg``."""
-        from pytest_ptn.exported import constants_of, signature
-        from pytest_ptn.harness import functionalize
+        from pytest_ptn.programs.exported import constants_of, functionalize, signature
 
         decomposed = functionalize(programs)
         plan = self.plan({m: constants_of(ep) for m, ep in decomposed.items()})

@@ -16,11 +16,11 @@ def warm_torch() -> None:
     import tempfile
 
     from pytest_ptn.backends.reference import ReferenceBackend
-    from pytest_ptn.catalogue import BY_NAME
     from pytest_ptn.harness import Case
+    from pytest_ptn.programs.catalogue import BY_NAME
 
     with tempfile.TemporaryDirectory() as tmp:
-        case = Case(ReferenceBackend(), BY_NAME["cond_constants"], lambda name: Path(tmp), {}, {})
+        case = Case(ReferenceBackend(), BY_NAME["cond_constants"], lambda name: Path(tmp))
         case.run_sequence(case.load())
         case.exported()
 

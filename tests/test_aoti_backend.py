@@ -14,12 +14,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from pytest_ptn import aoti_cache
-from pytest_ptn.aoti_cache import CompiledMethod, ConstantInfo
-from pytest_ptn.backends import aoti
-from pytest_ptn.backends.aoti import AotiBackend, AotiLowered, AotiUpstreamBackend, FqnCache, UpstreamLoaded
-from pytest_ptn.programs import Program
-from pytest_ptn.rules import ContentKey
+from pytest_ptn.backends.aoti import backend as aoti
+from pytest_ptn.backends.aoti import cache as aoti_cache
+from pytest_ptn.backends.aoti.backend import (
+    AotiBackend,
+    AotiLowered,
+    AotiUpstreamBackend,
+    FqnCache,
+    UpstreamLoaded,
+)
+from pytest_ptn.backends.aoti.cache import CompiledMethod, ConstantInfo
+from pytest_ptn.content import ContentKey
+from pytest_ptn.programs.build import Program
 from pytest_ptn.spec import Constant, Method, ProgramSpec, Write
 
 needs_compiler = pytest.mark.skipif(

@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 import torch
 
-from pytest_ptn import aoti_cache
-from pytest_ptn.aoti_cache import CACHE_ENV, MANIFEST, CompiledMethod
-from pytest_ptn.backends.aoti import AotiBackend, AotiLowered
-from pytest_ptn.programs import Program
+from pytest_ptn.backends.aoti import cache as aoti_cache
+from pytest_ptn.backends.aoti.backend import AotiBackend, AotiLowered
+from pytest_ptn.backends.aoti.cache import CACHE_ENV, MANIFEST, CompiledMethod
+from pytest_ptn.programs.build import Program
 from pytest_ptn.spec import Constant, Method, ProgramSpec
 
 pytestmark = pytest.mark.skipif(

@@ -17,7 +17,7 @@ from pytest_ptn.__main__ import main
 from pytest_ptn.backend import Availability, Backend, Capability, Loaded, Lowered, installed_backends
 from pytest_ptn.backends.pte import PteBackend
 from pytest_ptn.backends.reference import ReferenceBackend
-from pytest_ptn.catalogue import SCENARIOS
+from pytest_ptn.programs.catalogue import SCENARIOS
 from pytest_ptn.ruleset import RULES, rules_shown
 
 README = Path(__file__).parents[1] / "README.md"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ptn import crashes
+from pytest_ptn.scheduling import crashes
 
 CRASHING_BACKENDS = """
 import os

@@ -142,7 +142,7 @@ def test_requesting_it_where_it_cannot_run_is_a_usage_error(pytester: pytest.Pyt
 
 def test_a_backend_option_set_through_the_runtime_reads_back() -> None:
     pytest.importorskip("executorch")
-    from pytest_ptn.backend_options import get_backend_option, set_backend_option
+    from pytest_ptn.backends.executorch_runtime import get_backend_option, set_backend_option
 
     before = get_backend_option("XnnpackBackend", "workspace_sharing_mode", 0)
     assert isinstance(before, int)
@@ -155,7 +155,7 @@ def test_a_backend_option_set_through_the_runtime_reads_back() -> None:
 
 
 def test_bad_backend_options_are_refused() -> None:
-    from pytest_ptn.backend_options import set_backend_option
+    from pytest_ptn.backends.executorch_runtime import set_backend_option
 
     with pytest.raises(ValueError, match="longer than 63 bytes"):
         set_backend_option("XnnpackBackend", "k" * 64, 1)

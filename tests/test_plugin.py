@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ptn.catalogue import tagged
 from pytest_ptn.plugin import suite_path
+from pytest_ptn.programs.catalogue import tagged
 
 TESTS = Path(__file__).resolve().parent
 SUITE = suite_path()
@@ -38,11 +38,11 @@ def warm() -> None:
     import hypothesis  # noqa: F401
 
     from pytest_ptn.backends.reference import ReferenceBackend
-    from pytest_ptn.catalogue import BY_NAME
     from pytest_ptn.harness import Case
+    from pytest_ptn.programs.catalogue import BY_NAME
 
     with tempfile.TemporaryDirectory() as tmp:
-        case = Case(ReferenceBackend(), BY_NAME["single_method"], lambda name: Path(tmp), {}, {})
+        case = Case(ReferenceBackend(), BY_NAME["single_method"], lambda name: Path(tmp))
         case.run_sequence(case.load())
         case.exported()
 
@@ -501,7 +501,7 @@ def test_xdist_runs_each_case_on_one_worker(
     ],
 )
 def test_case_of_a_test_id(nodeid: str, case: str | None) -> None:
-    from pytest_ptn.plugin import case_of
+    from pytest_ptn.scheduling.workers import case_of
 
     backends = [
         "pte-xnnpack",

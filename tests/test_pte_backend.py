@@ -15,9 +15,9 @@ import torch
 
 from pytest_ptn.backend import Backend, Capability
 from pytest_ptn.backends import pte
-from pytest_ptn.catalogue import BY_NAME
 from pytest_ptn.harness import Case
 from pytest_ptn.isolation import ChildCrashed, RemoteTraceback, run_isolated
+from pytest_ptn.programs.catalogue import BY_NAME
 from pytest_ptn.spec import Constant, Method, ProgramSpec, Scenario
 
 VARIANTS = (pte.PteBackend, pte.XnnpackBackend, pte.ExternalConstantsBackend, pte.SharedStateBackend)
@@ -96,7 +96,7 @@ def test_external_constants_move_the_weight_to_a_ptd_the_runtime_reads(
 
 
 def _case(backend: Backend, scenario: Scenario, tmp_path: Path) -> Case:
-    return Case(backend, scenario, lambda name: tmp_path, {}, {})
+    return Case(backend, scenario, lambda name: tmp_path)
 
 
 @pytest.mark.usefixtures("executorch")

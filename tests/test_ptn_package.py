@@ -23,7 +23,7 @@ with warnings.catch_warnings():
     import torch
 
 from pytest_ptn import zipdata  # noqa: E402
-from pytest_ptn.ptn_package import (  # noqa: E402
+from pytest_ptn.backends.native.package import (  # noqa: E402
     MAX_HEADER_BYTES,
     PtnFormatError,
     PtnPackage,
@@ -254,9 +254,9 @@ def test_reading_never_imports_the_interpreter() -> None:
     """The interpreter imports the reader: the reader importing it back would be a cycle."""
     code = (
         "import sys, warnings; warnings.simplefilter('ignore')\n"
-        "from pytest_ptn.ptn_package import read_ptn\n"
+        "from pytest_ptn.backends.native.package import read_ptn\n"
         f"read_ptn({str(GOLDEN)!r})\n"
-        "assert 'pytest_ptn.ptn_interpreter' not in sys.modules\n"
+        "assert 'pytest_ptn.backends.native.interpreter' not in sys.modules\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300
@@ -382,7 +382,7 @@ def test_random_damage_never_escapes_as_another_error(tmp_path: Path) -> None:
 def test_importable_without_executorch() -> None:
     code = (
         "import sys; sys.modules['executorch'] = None\n"
-        "from pytest_ptn.ptn_package import PtnFormatError, read_ptn\n"
+        "from pytest_ptn.backends.native.package import PtnFormatError, read_ptn\n"
         "e = PtnFormatError('p.ptn', 'what'); assert str(e) == 'p.ptn: what' and isinstance(e, ValueError)\n"
     )
     result = subprocess.run(

@@ -5,7 +5,7 @@ edits its members (safetensors header fields incl. huge and zero dimensions, man
 length, alias chains and cycles, JSON members, member bytes, dropped and duplicated members) and then its
 zip bytes (central directory and local header fields, byte flips, truncation), and reads it. The reader
 must raise its documented error (:class:`~pytest_ptn.zipdata.PackageFormatError`, for a ``.ptn``
-:class:`~pytest_ptn.ptn_package.PtnFormatError`) or give back exactly the tensors and aliases the
+:class:`~pytest_ptn.backends.native.package.PtnFormatError`) or give back exactly the tensors and aliases the
 package holds; within the deadline, so unbounded work fails too.
 
 By default each reader gets :data:`DEFAULT_EXAMPLES` derandomized examples (seconds, for CI). A large
@@ -33,8 +33,8 @@ from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from pytest_ptn import zipdata
-from pytest_ptn.package import ALIASES, BINDINGS, DATA, Package, read_package, write_zip
-from pytest_ptn.ptn_package import SAFETENSORS_MEMBER
+from pytest_ptn.backends.native.package import SAFETENSORS_MEMBER
+from pytest_ptn.reference.package import ALIASES, BINDINGS, DATA, Package, read_package, write_zip
 from pytest_ptn.zipdata import PackageFormatError
 
 GOLDEN = Path(__file__).resolve().parent.parent / "fixtures" / "golden" / "linear_buffer.ptn"
@@ -452,7 +452,7 @@ def fuzz_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_unmutated_packages_read(fuzz_dir: Path, ptn_reader: Callable[[Path], Any]) -> None:
     """The packages every example starts from read, and the oracle holds for them."""
-    from pytest_ptn.ptn_package import PtnFormatError
+    from pytest_ptn.backends.native.package import PtnFormatError
 
     for blob, read, error, safetensors in (
         (REFERENCE, read_package, PackageFormatError, DATA),
@@ -480,7 +480,7 @@ def ptn_reader() -> Callable[[Path], Any]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         pytest.importorskip("executorch")
-        from pytest_ptn.ptn_package import read_ptn
+        from pytest_ptn.backends.native.package import read_ptn
 
         read_ptn(GOLDEN)
     return read_ptn
@@ -492,7 +492,7 @@ def ptn_reader() -> Callable[[Path], Any]:
 def test_the_ptn_reader_refuses_or_reads_correctly(
     fuzz_dir: Path, ptn_reader: Callable[[Path], Any], mutation: Mutation
 ) -> None:
-    from pytest_ptn.ptn_package import PtnFormatError
+    from pytest_ptn.backends.native.package import PtnFormatError
 
     blob = mutation.apply(GOLDEN.read_bytes())
     package = read_or_refuse(fuzz_dir, blob, ptn_reader, PtnFormatError)

@@ -1,7 +1,7 @@
 """The conformance report: terminal matrix, results.json/summary.md/index.html, xdist, merge/diff, JUnit.
 
-Self-contained: each pytester run gets a conftest that wires pytest_ptn.report in by hand and stamps
-user_properties from a marker the way the real plugin does, so these tests do not depend on plugin.py.
+Self-contained: each pytester run gets a conftest that wires pytest_ptn.reporting.collect in by hand and
+stamps user_properties from a marker the way the real plugin does, so these tests do not depend on plugin.py.
 """
 
 from __future__ import annotations
@@ -17,22 +17,23 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ptn import matrix
 from pytest_ptn.__main__ import main
+from pytest_ptn.reporting import render, results
+from pytest_ptn.ruleset import RULES
 
 ROOT = Path(__file__).resolve().parents[1]
 
 CONFTEST = """
 import pytest
-from pytest_ptn import report
-from pytest_ptn.ruleset import RULES
+from pytest_ptn.reporting import collect
+from pytest_ptn.ruleset import RULES, SHOULD, should_not_met
 
 def pytest_addoption(parser):
-    report.add_options(parser.getgroup("ptn"))
+    collect.add_options(parser.getgroup("ptn"))
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "ptn(rules, backend, scenario=None, seed=None): conformance metadata")
-    report.configure(config)
+    collect.configure(config)
 
 def pytest_collection_modifyitems(items):
     for item in items:
@@ -55,9 +56,9 @@ def pytest_runtest_makereport(item, call):
     mark = item.get_closest_marker("ptn")
     if mark and report.when == "call" and report.failed:
         rules = mark.args[0].split()
-        if all(RULES[r].level == "SHOULD" for r in rules):
+        if all(RULES[r].level == SHOULD for r in rules):
             report.outcome = "skipped"
-            report.wasxfail = f"SHOULD rule {', '.join(rules)} not met"
+            report.wasxfail = should_not_met(rules)
 """
 
 SUITE = """
@@ -227,7 +228,7 @@ def test_results_json(suite: pytest.Pytester) -> None:
         == "AssertionError: package bytes differ at offset 12\nassert False"
     )
     assert rows[("test_sharing_native", "S1")]["scenario"] is None
-    assert matrix.load(suite.path / "out" / "results.json").results  # round-trips through the validator
+    assert results.load(suite.path / "out" / "results.json").results  # round-trips through the validator
 
 
 def test_summary_md_and_html(suite: pytest.Pytester) -> None:
@@ -281,7 +282,7 @@ def test_terminal_colours(suite: pytest.Pytester) -> None:
 
 @pytest.mark.parametrize("family", ["xunit1", "xunit2"])
 def test_junitxml_carries_rules_and_scenario(suite: pytest.Pytester, family: str) -> None:
-    """Properties appear under either family (only xunit1's schema allows them: see report.py)."""
+    """Properties appear under either family (only xunit1's schema allows them: see reporting/collect.py)."""
     run(suite, "--junitxml=junit.xml", "-o", f"junit_family={family}", "-W", "error::pytest.PytestWarning")
     root = ET.parse(suite.path / "junit.xml").getroot()
     case = next(c for c in root.iter("testcase") if c.get("name") == "test_namespace_reference")
@@ -291,12 +292,12 @@ def test_junitxml_carries_rules_and_scenario(suite: pytest.Pytester, family: str
     assert ("ptn_backend", "reference") in props
 
 
-def make_run(backend: str, outcomes: dict[str, str], time: str) -> matrix.Results:
+def make_run(backend: str, outcomes: dict[str, str], time: str) -> results.Results:
     prov = {"pytest_ptn": "0.1.0", "torch": "2.13.0", "executorch": "1.5.1", "device": "cpu", "time": time}
     rows = [
-        matrix.Result(
+        results.Result(
             rule=rule,
-            level=matrix.RULES[rule].level,
+            level=RULES[rule].level,
             scenario="colliding_literals",
             backend=backend,
             outcome=outcome,
@@ -307,17 +308,17 @@ def make_run(backend: str, outcomes: dict[str, str], time: str) -> matrix.Result
         )
         for rule, outcome in outcomes.items()
     ]
-    return matrix.Results("1", prov, rows)
+    return results.Results("1", prov, rows)
 
 
 def test_merge_and_diff(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     reference = make_run("reference", {"P1": "pass", "E1": "pass", "P9": "pass"}, "2025-01-01T00:00:00+00:00")
     native = make_run("native", {"P1": "pass", "E1": "xfail", "P9": "fail"}, "2025-01-01T00:05:00+00:00")
-    matrix.save(reference, tmp_path / "reference.json")
-    matrix.save(native, tmp_path / "native.json")
+    results.save(reference, tmp_path / "reference.json")
+    results.save(native, tmp_path / "native.json")
     inputs = [str(tmp_path / "reference.json"), str(tmp_path / "native.json")]
     assert main(["report", "merge", *inputs, "-o", str(tmp_path / "old")]) == 0
-    merged = matrix.load(tmp_path / "old" / "results.json")
+    merged = results.load(tmp_path / "old" / "results.json")
     assert {r.backend for r in merged.results} == {"reference", "native"}
     assert merged.provenance == {
         "pytest_ptn": "0.1.0",
@@ -334,8 +335,8 @@ def test_merge_and_diff(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> N
     # Next CI run: native regresses on P1, fixes P9; reference gains S1.
     native2 = make_run("native", {"P1": "fail", "E1": "xfail", "P9": "pass"}, "2025-01-02T00:00:00+00:00")
     reference2 = make_run("reference", {"P1": "pass", "E1": "pass", "P9": "pass", "S1": "pass"}, "2025-01-02")
-    matrix.save(native2, tmp_path / "native2.json")
-    matrix.save(reference2, tmp_path / "reference2.json")
+    results.save(native2, tmp_path / "native2.json")
+    results.save(reference2, tmp_path / "reference2.json")
     args = ["report", "merge", str(tmp_path / "reference2.json"), str(tmp_path / "native2.json")]
     assert (
         main([*args, "-o", str(tmp_path / "new"), "--previous", str(tmp_path / "old" / "results.json")]) == 0
@@ -361,7 +362,7 @@ def test_merge_rejects_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 
 def test_module_entry_point(tmp_path: Path) -> None:
-    matrix.save(make_run("reference", {"P1": "pass"}, "t"), tmp_path / "r.json")
+    results.save(make_run("reference", {"P1": "pass"}, "t"), tmp_path / "r.json")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     args = ["report", "merge", str(tmp_path / "r.json"), "-o", str(tmp_path)]
     proc = subprocess.run(
@@ -404,11 +405,11 @@ SCENARIOS = {
 }
 
 
-def realistic_results() -> matrix.Results:
+def realistic_results() -> results.Results:
     """Three backends, the rules each can be held to, and the failures real backends show."""
     families = {"reference": "PESX", "native": "PEX", "pte": "EX"}
     rows = []
-    for rule_id, rule in matrix.RULES.items():
+    for rule_id, rule in RULES.items():
         for backend, covered in families.items():
             for scenario in SCENARIOS[rule.family]:
                 nodeid = f"conformance/test_{rule.family}.py::test_{rule_id}[{backend}-{scenario}]"
@@ -420,13 +421,13 @@ def realistic_results() -> matrix.Results:
                     )
                 repro = f"pytest --ptn-backend={backend} '{nodeid}'"
                 rows.append(
-                    matrix.Result(
+                    results.Result(
                         rule_id, rule.level, scenario, backend, outcome, reason, repro, None, nodeid
                     )
                 )
     prov = {"pytest_ptn": "0.1.0", "torch": "2.13.0+cpu", "executorch": "1.5.1", "python": "3.11.7"}
     prov |= {"git_commit": "0123456789abcdef", "device": "cpu", "time": "2025-06-01T12:00:00+00:00"}
-    return matrix.Results("1", prov, rows)
+    return results.Results("1", prov, rows)
 
 
 def test_html_renders_in_chromium(tmp_path: Path) -> None:
@@ -434,7 +435,7 @@ def test_html_renders_in_chromium(tmp_path: Path) -> None:
     browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
     if browser is None:
         pytest.skip("chromium is not installed")
-    index = matrix.write_reports(realistic_results(), tmp_path / "report")[2]
+    index = render.write_reports(realistic_results(), tmp_path / "report")[2]
     png = tmp_path / "screenshot.png"
     flags = (
         "--headless --no-sandbox --disable-gpu --disable-quic --no-first-run --disable-background-networking"

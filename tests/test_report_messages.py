@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from test_report import CONFTEST, make_run, run
 
-from pytest_ptn import matrix
 from pytest_ptn.__main__ import main
+from pytest_ptn.reporting import render, results
 
 
 @pytest.fixture(scope="module")
@@ -36,14 +36,14 @@ def results_of(path: Path) -> list[dict[str, object]]:
 
 def test_whole_reason_keeps_every_line_up_to_a_cap() -> None:
     text = "outputs differ from eager:\n" + "\n".join(f"  call #{i} decode(): value 0" for i in range(50))
-    assert matrix.whole_reason("\n  head:\n  one\n\n") == "  head:\n  one"
-    capped = matrix.whole_reason(text).splitlines()
+    assert results.whole_reason("\n  head:\n  one\n\n") == "  head:\n  one"
+    capped = results.whole_reason(text).splitlines()
     assert capped[:2] == ["outputs differ from eager:", "  call #0 decode(): value 0"]
     assert len(capped) == 41 and capped[-2] == "  call #38 decode(): value 0"
     assert capped[-1] == "... 11 more lines"
-    by_size = matrix.whole_reason(text, max_chars=100).splitlines()
+    by_size = results.whole_reason(text, max_chars=100).splitlines()
     assert by_size == [*text.splitlines()[:3], "... 48 more lines"]
-    assert matrix.whole_reason("x" * 50, max_chars=10) == "xxxxxxx..."
+    assert results.whole_reason("x" * 50, max_chars=10) == "xxxxxxx..."
 
 
 MISMATCHES = [f"call #{i} decode(): value 0 (reads 'kv') is -1.3558, eager 2.5097" for i in range(3)]
@@ -221,12 +221,12 @@ def test_fuzz_failure_prints_its_program_once_as_a_test(
 
 def test_a_level_where_nothing_ran_is_not_applicable_not_all_pass() -> None:
     doc = make_run("native", {"P1": "pass", "P9": "not_applicable", "S7": "not_applicable"}, "t")
-    md, page = matrix.render_markdown(doc), matrix.render_html(doc)
+    md, page = render.render_markdown(doc), render.render_html(doc)
     assert "**MUST: all pass** · **SHOULD: not applicable**" in md
     assert '<span class="na">SHOULD: not applicable</span>' in page
     assert "SHOULD: all pass" not in md + page
     ran = make_run("native", {"P1": "pass", "P9": "pass", "S7": "not_applicable"}, "t")
-    assert "**SHOULD: all pass**" in matrix.render_markdown(ran)
+    assert "**SHOULD: all pass**" in render.render_markdown(ran)
 
 
 # --- failures without ptn properties ----------------------------------------------------------------------
@@ -272,7 +272,7 @@ def test_a_failed_test_without_properties_is_counted_as_a_failure(pytester: pyte
     assert "**MUST: 2 failing** (? on (no backend), ? on native)" in md
     assert "all pass" not in md
     assert "| **?** rules unknown: a test failed |" in md
-    assert matrix.load(pytester.path / "out" / "results.json").results
+    assert results.load(pytester.path / "out" / "results.json").results
 
 
 def test_runs_without_conformance_tests_get_no_matrix_of_their_failures(pytester: pytest.Pytester) -> None:
@@ -315,7 +315,7 @@ def test_unusable_report_folder_is_a_one_line_usage_error(pytester: pytest.Pytes
 
 
 def results_text(**row_changes: object) -> str:
-    data = matrix.to_dict(make_run("native", {"E1": "fail"}, "t"))
+    data = results.to_dict(make_run("native", {"E1": "fail"}, "t"))
     data["results"][0].update(row_changes)
     return json.dumps(data)
 
@@ -373,6 +373,6 @@ def test_merge_reads_files_of_earlier_runs(tmp_path: Path) -> None:
     (tmp_path / "old.json").write_text(json.dumps(VERSION_1_FILE), encoding="utf-8")
     assert main(["report", "merge", str(tmp_path / "old.json"), "-o", str(tmp_path / "out")]) == 0
     assert (
-        matrix.load(tmp_path / "out" / "results.json").results[0].reason
+        results.load(tmp_path / "out" / "results.json").results[0].reason
         == "Failed: outputs differ from eager:"
     )

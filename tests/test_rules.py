@@ -1,4 +1,5 @@
-"""pytest_ptn.rules on hand-built tensors: the packaging planner (P1-P9) and the sharing cache (S1-S3, S6)."""
+"""On hand-built tensors: the packaging planner (pytest_ptn.reference.planner, P1-P9) and the sharing cache
+(pytest_ptn.content, S1-S3, S6)."""
 
 from __future__ import annotations
 
@@ -11,20 +12,17 @@ import weakref
 import pytest
 import torch
 
-from pytest_ptn import rules
-from pytest_ptn.rules import (
+from pytest_ptn import content
+from pytest_ptn.content import ContentKey, SharingCache, digest, same_content
+from pytest_ptn.reference.planner import (
     STATE,
     ConstantUse,
-    ContentKey,
     FinalNameCollisionError,
     PackagePlan,
     PackagingError,
     ReservedNamespaceError,
-    SharingCache,
     StateConflictError,
-    digest,
     plan_package,
-    same_content,
 )
 
 
@@ -286,12 +284,12 @@ def test_planning_twice_gives_equal_plans() -> None:
 
 
 class CountingDigest:
-    """``rules.digest`` wrapped: which tensors (by storage address) it hashed, in order."""
+    """``content.digest`` wrapped: which tensors (by storage address) it hashed, in order."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.hashed: list[int] = []
         self._digest = digest
-        monkeypatch.setattr(rules, "digest", self)
+        monkeypatch.setattr(content, "digest", self)
 
     def __call__(self, t: torch.Tensor) -> str:
         self.hashed.append(t.data_ptr())

@@ -16,10 +16,9 @@ from pytest_ptn.strategies import program_specs, reproducer
 @given(program_specs())
 def test_generated_programs_are_valid(spec: ProgramSpec) -> None:
     """Every draw is a program a correct backend must accept: the rules planner never rejects it."""
-    from pytest_ptn.exported import constants_of
-    from pytest_ptn.harness import functionalize
-    from pytest_ptn.programs import Program
-    from pytest_ptn.rules import plan_package
+    from pytest_ptn.programs.build import Program
+    from pytest_ptn.programs.exported import constants_of, functionalize
+    from pytest_ptn.reference.planner import plan_package
 
     plan_package({m: constants_of(ep) for m, ep in functionalize(Program(spec).export()).items()})
 

@@ -43,8 +43,8 @@ class CudaLoaded(PteLoaded):
         return [t.cpu() for t in super().run(method, inputs)]
 
     def constant_memory(self) -> MemoryReading:
-        from pytest_ptn.gpu_memory import DRIVER_PAGE
         from pytest_ptn.isolation import run_isolated
+        from pytest_ptn.memory import DRIVER_PAGE
 
         lowered = self._lowered
         data = str(lowered.data_path) if lowered.data_path else None
@@ -83,7 +83,7 @@ class CudaDelegateBackend(PteBackend):
 @functools.cache
 def share_weights_across_methods() -> None:
     """Set the delegate's option once per process, before any program loads (it is read at init)."""
-    from pytest_ptn.backend_options import BackendOptionError, set_backend_option
+    from pytest_ptn.backends.executorch_runtime import BackendOptionError, set_backend_option
 
     try:
         set_backend_option("CudaBackend", "weight_sharing_across_methods", True)
@@ -93,7 +93,7 @@ def share_weights_across_methods() -> None:
 
 def _load_measured(path: str, data_path: str | None, methods: list[str]) -> tuple[int, str]:
     """In a fresh process: the peak GPU memory growth while loading every method, and the probe's name."""
-    from pytest_ptn.gpu_memory import NvmlMemory
+    from pytest_ptn.memory import NvmlMemory
 
     share_weights_across_methods()
     probe = NvmlMemory()

@@ -16,8 +16,9 @@ from pytest_ptn.backend import Availability, Backend, Capability, Lowered, packa
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
 
-    from pytest_ptn.loader import ReferenceLoaded, ReferenceLowered
-    from pytest_ptn.rules import ConstantUse, PackagePlan, SharingCache
+    from pytest_ptn.content import SharingCache
+    from pytest_ptn.reference.loader import ReferenceLoaded, ReferenceLowered
+    from pytest_ptn.reference.planner import ConstantUse, PackagePlan
 
 
 class ReferenceBackend(Backend):
@@ -33,7 +34,7 @@ class ReferenceBackend(Backend):
     def cache(self) -> SharingCache:
         """One cache per backend instance, shared by every program it loads (so S4 means something)."""
         if self._cache is None:
-            from pytest_ptn.rules import SharingCache
+            from pytest_ptn.content import SharingCache
 
             self._cache = SharingCache()
         return self._cache
@@ -46,10 +47,9 @@ class ReferenceBackend(Backend):
         return Availability(True, versions={d: package_version(d) or "?" for d in ("torch", "safetensors")})
 
     def lower(self, programs: dict[str, ExportedProgram], workdir: Path) -> ReferenceLowered:
-        from pytest_ptn.exported import constants_of, signature
-        from pytest_ptn.harness import functionalize
-        from pytest_ptn.loader import ReferenceLowered
-        from pytest_ptn.package import Package, write_package
+        from pytest_ptn.programs.exported import constants_of, functionalize, signature
+        from pytest_ptn.reference.loader import ReferenceLowered
+        from pytest_ptn.reference.package import Package, write_package
 
         decomposed = functionalize(programs)
         plan = self.plan({m: constants_of(ep) for m, ep in decomposed.items()})
@@ -59,13 +59,13 @@ class ReferenceBackend(Backend):
         return ReferenceLowered(path, {m: ep.graph_module for m, ep in decomposed.items()})
 
     def plan(self, methods: Mapping[str, Mapping[str, ConstantUse]]) -> PackagePlan:
-        from pytest_ptn.rules import plan_package
+        from pytest_ptn.reference.planner import plan_package
 
         return plan_package(methods)
 
     def load(self, lowered: Lowered) -> ReferenceLoaded:
-        from pytest_ptn.loader import ReferenceLoaded, ReferenceLowered
-        from pytest_ptn.package import read_package
+        from pytest_ptn.reference.loader import ReferenceLoaded, ReferenceLowered
+        from pytest_ptn.reference.package import read_package
 
         assert isinstance(lowered, ReferenceLowered)
         return ReferenceLoaded(read_package(lowered.path), lowered.graphs, self.cache)

@@ -26,13 +26,12 @@ Heavy imports happen inside methods: the plugin imports this module at start-up.
 
 from __future__ import annotations
 
-import ctypes
 import importlib.util
 import os
 import shutil
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -45,14 +44,14 @@ from pytest_ptn.backend import (
     MemoryReading,
     package_version,
 )
+from pytest_ptn.memory import MallocMemory, MemoryProbe, NvmlMemory
 
 if TYPE_CHECKING:
     import torch
     from torch.export import ExportedProgram
 
-    from pytest_ptn.aoti_cache import CompiledMethod, Runner
-    from pytest_ptn.gpu_memory import NvmlMemory
-    from pytest_ptn.rules import SharingCache
+    from pytest_ptn.backends.aoti.cache import CompiledMethod, Runner
+    from pytest_ptn.content import SharingCache
 
 
 def _compiler() -> str | None:
@@ -82,9 +81,8 @@ class AotiBackend(Backend):
     def lower(self, programs: dict[str, ExportedProgram], workdir: Path) -> AotiLowered:
         import torch
 
-        from pytest_ptn.aoti_cache import EXECUTORCH_OPTIONS, compile_method
-        from pytest_ptn.exported import mutable_keys
-        from pytest_ptn.harness import functionalize
+        from pytest_ptn.backends.aoti.cache import EXECUTORCH_OPTIONS, compile_method
+        from pytest_ptn.programs.exported import functionalize, mutable_keys
 
         functional = functionalize(programs)
         mutable = mutable_keys(functional)
@@ -102,7 +100,7 @@ class AotiBackend(Backend):
     def cache(self) -> SharingCache:
         """One cache per backend instance, shared by every program it loads (so S4 means something)."""
         if self._cache is None:
-            from pytest_ptn.rules import SharingCache
+            from pytest_ptn.content import SharingCache
 
             self._cache = SharingCache()
         return self._cache
@@ -146,7 +144,7 @@ class AotiLoaded(Loaded):
         self._runners: dict[str, Runner] = {}
         self._state = self._initial_state()
         self._allocated = 0
-        self._probe = _gpu_memory() if self._device == "cuda" else _MallocedMemory()
+        self._probe: MemoryProbe = _gpu_memory() if self._device == "cuda" else MallocMemory()
 
     def _initial_state(self) -> dict[str, torch.Tensor]:
         """One private tensor per mutated FQN, from the first container holding it (initial bytes agree)."""
@@ -164,7 +162,7 @@ class AotiLoaded(Loaded):
         return self._lowered.methods[method]
 
     def load_method(self, method: str) -> None:
-        from pytest_ptn.aoti_cache import runner
+        from pytest_ptn.backends.aoti.cache import runner
 
         compiled = self._compiled(method)
         with self._lock:
@@ -299,8 +297,9 @@ def _same_metadata(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def _check_state(programs: dict[str, ExportedProgram], mutable: set[str]) -> None:
     """One tensor backs a mutated FQN in every method, so the methods must agree on its initial value."""
-    from pytest_ptn.exported import constants_of
-    from pytest_ptn.rules import ContentKey, StateConflictError
+    from pytest_ptn.content import ContentKey
+    from pytest_ptn.programs.exported import constants_of
+    from pytest_ptn.reference.planner import StateConflictError
 
     first: dict[str, tuple[str, ContentKey]] = {}
     for method, ep in programs.items():
@@ -320,66 +319,14 @@ def _check_state(programs: dict[str, ExportedProgram], mutable: set[str]) -> Non
 
 def _reads_inlinable_state(ep: ExportedProgram, mutable: set[str]) -> bool:
     """Whether ``ep`` reads, without writing it, a mutated buffer small enough for inductor to inline."""
-    from pytest_ptn.aoti_cache import inlinable, read_keys
-    from pytest_ptn.exported import constants_of
+    from pytest_ptn.backends.aoti.cache import inlinable, read_keys
+    from pytest_ptn.programs.exported import constants_of
 
     written = set(ep.graph_signature.buffers_to_mutate.values())
     constants = constants_of(ep)
     return any(
         key in mutable and key not in written and inlinable(constants[key].tensor) for key in read_keys(ep)
     )
-
-
-class _MallocedMemory:
-    """Bytes glibc's malloc has handed out and not taken back (mallinfo2), read before and after each load.
-    AOTI's blobs (std::malloc) and torch's CPU tensors (posix_memalign) come from it, Python's small objects
-    do not; unlike resident memory it also sees freed memory being reused. None off glibc."""
-
-    name = "glibc malloc in-use bytes (mallinfo2)"
-    resolution = 1 << 20
-    """Far above what Python and torch bookkeeping allocate while a method loads."""
-
-    def __init__(self) -> None:
-        self._base: int | None = None
-        self.peak: int | None = None
-
-    def around(self, load: Callable[[], None]) -> None:
-        before = _malloced_bytes()
-        if self._base is None:
-            self._base = before
-        load()
-        after = _malloced_bytes()
-        if self._base is not None and after is not None:
-            self.peak = max(self.peak or 0, after - self._base)
-
-
-class _Mallinfo2(ctypes.Structure):
-    _fields_ = [
-        (f, ctypes.c_size_t)
-        for f in (
-            "arena",
-            "ordblks",
-            "smblks",
-            "hblks",
-            "hblkhd",
-            "usmblks",
-            "fsmblks",
-            "uordblks",
-            "fordblks",
-            "keepcost",
-        )
-    ]
-
-
-def _malloced_bytes() -> int | None:
-    """Bytes in use in malloc's arenas plus its mmapped chunks."""
-    try:
-        mallinfo2 = ctypes.CDLL(None).mallinfo2
-    except AttributeError:
-        return None
-    mallinfo2.restype = _Mallinfo2
-    info = mallinfo2()
-    return int(info.uordblks + info.hblkhd)
 
 
 # CUDA only (not exercised on CPU machines; run by conformance/gpu/nightly.sh).
@@ -391,8 +338,6 @@ def _device_options(device: str) -> dict[str, object]:
 
 
 def _gpu_memory() -> NvmlMemory:
-    from pytest_ptn.gpu_memory import NvmlMemory
-
     return NvmlMemory(resolution=CACHING_ALLOCATOR_SEGMENT)
 
 

@@ -26,7 +26,7 @@ import torch
 
 from pytest_ptn import zipdata
 from pytest_ptn.backend import Entry, PackageView, Reference
-from pytest_ptn.rules import tensor_bytes
+from pytest_ptn.content import tensor_bytes
 from pytest_ptn.zipdata import PackageFormatError
 
 DATA = "data.safetensors"

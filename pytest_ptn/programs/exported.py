@@ -1,4 +1,5 @@
-"""What an ExportedProgram binds: its constants by key, whether a method mutates them, its I/O order."""
+"""What an ExportedProgram binds (its constants by key, whether a method mutates them, its I/O order), and
+its functional form that the reference lowering and the checks read."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from typing import Any
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
-from pytest_ptn.rules import ConstantUse, digest
+from pytest_ptn import upstream_noise
+from pytest_ptn.content import digest
+from pytest_ptn.reference.planner import ConstantUse
 
 CONSTANT_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
 
@@ -80,3 +83,11 @@ def unique_immutable_bytes(programs: dict[str, ExportedProgram]) -> int:
         t = constants_of(programs[method])[key].tensor
         total += t.numel() * t.element_size()
     return total
+
+
+def functionalize(
+    programs: dict[str, ExportedProgram],
+) -> dict[str, ExportedProgram]:
+    """Core-ATen functional programs: mutations become outputs listed in the graph signature."""
+    with upstream_noise.contained():  # torch's own pytree deprecation noise, once per program
+        return {m: ep.run_decompositions({}) for m, ep in programs.items()}

@@ -1,411 +1,33 @@
-"""Conformance results as plain data: the results.json schema, merging, diffing and the three renderings.
-
-Kept free of pytest (and of torch) so that CI can merge and compare result files from several machines
-with nothing but Python, and so that one model feeds the terminal, Markdown and HTML views alike.
-"""
+"""The three views of one results model: terminal text, Markdown (summary.md) and HTML (index.html)."""
 
 from __future__ import annotations
 
 import html
-import json
 import re
-import reprlib
-from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
-from pytest_ptn.ruleset import RULES
+from pytest_ptn.reporting.matrix import Cell, CellChange, Finding, Matrix, build_matrix, findings
+from pytest_ptn.reporting.results import (
+    FAIL,
+    NOT_APPLICABLE,
+    OUTCOME_LETTERS,
+    OUTCOME_WORDS,
+    PASS,
+    SKIP,
+    XFAIL,
+    XPASS,
+    Result,
+    Results,
+    one_line,
+    save,
+)
+from pytest_ptn.ruleset import LEVELS, NOT_APPLICABLE_PREFIX
 
-SCHEMA = "pytest-ptn/results"
-SCHEMA_VERSION = 1
-
-PASS = "pass"
-XFAIL = "xfail"
-FAIL = "fail"
-XPASS = "xpass"
-NOT_APPLICABLE = "not_applicable"
-SKIP = "skip"
-OUTCOMES = (PASS, XFAIL, FAIL, XPASS, NOT_APPLICABLE, SKIP)
-
-# Count letters for the terminal; pytest's own letters where it has one, so the table reads like `-rA`.
-# Ordered so the worrying counts come first in a cell.
-_LETTERS = {FAIL: "F", XPASS: "X", XFAIL: "x", PASS: "p", NOT_APPLICABLE: "-", SKIP: "s"}
 LEGEND = "legend: F fail  X xpass (a fail)  x xfail (known bug)  p pass  - n/a  s skip  . not run"
-_WORDS = {FAIL: "fail", XPASS: "xpass", XFAIL: "xfail", PASS: "pass", NOT_APPLICABLE: "n/a", SKIP: "skip"}
-_LEVELS = ("MUST", "SHOULD")
 
-UNKNOWN_RULE = "?"
-"""The rule of a test that failed without ptn properties (a crash or internal error report): counted as a MUST
-failure so that no failed test is left out of the matrix."""
-UNKNOWN_RULE_TITLE = "rules unknown: a test failed"
-
-NOTHING_RAN = "not applicable"
+NOTHING_RAN = NOT_APPLICABLE_PREFIX
 """The verdict of a level none of whose tests ran (every cell n/a or skipped)."""
-
-MAX_REASON_LINES = 40
-MAX_REASON_CHARS = 4000
-
-
-class ResultsFormatError(ValueError):
-    """A results file that is not a pytest-ptn results document this version can read."""
-
-
-@dataclass(frozen=True)
-class Result:
-    """One (test, rule) outcome: a test that checks several rules yields one Result per rule."""
-
-    rule: str
-    level: str
-    scenario: str | None
-    backend: str
-    outcome: str
-    reason: str
-    repro: str
-    seed: int | None
-    nodeid: str
-
-
-@dataclass
-class Results:
-    """A results document. `sources` lists the provenance of each run a merged document came from."""
-
-    spec_version: str
-    provenance: dict[str, str]
-    results: list[Result]
-    sources: list[dict[str, str]] = field(default_factory=list)
-
-
-def rule_sort_key(rule: str) -> tuple[int, str]:
-    """Spec order (P1..P10, E.., S.., X..) for known rules; unknown ids after, alphabetically."""
-    order = list(RULES)
-    return (order.index(rule), "") if rule in RULES else (len(order), rule)
-
-
-def backend_sort_key(backend: str) -> tuple[bool, str]:
-    """`reference` first: it is the baseline every other column is read against."""
-    return (backend != "reference", backend)
-
-
-def level_sort_key(level: str) -> tuple[int, str]:
-    return (_LEVELS.index(level), "") if level in _LEVELS else (len(_LEVELS), level)
-
-
-def sort_results(results: Iterable[Result]) -> list[Result]:
-    """A canonical order (MUST before SHOULD, then spec order), so runs that differ only in scheduling
-    (xdist) give identical files and failure lists start with what fails the run."""
-    return sorted(
-        results,
-        key=lambda r: (level_sort_key(r.level), rule_sort_key(r.rule), backend_sort_key(r.backend), r.nodeid),
-    )
-
-
-# --- results.json -----------------------------------------------------------------------------------
-
-
-def to_dict(doc: Results) -> dict[str, Any]:
-    data: dict[str, Any] = {
-        "schema": SCHEMA,
-        "version": SCHEMA_VERSION,
-        "spec_version": doc.spec_version,
-        "provenance": dict(doc.provenance),
-        "results": [asdict(r) for r in sort_results(doc.results)],
-    }
-    if doc.sources:
-        data["sources"] = [dict(s) for s in doc.sources]
-    return data
-
-
-def from_dict(data: Any) -> Results:
-    """Validate as we read: a report built from a half-understood file would silently misstate results."""
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-        raise ResultsFormatError(f"not a {SCHEMA} document")
-    if data.get("version") != SCHEMA_VERSION:
-        raise ResultsFormatError(
-            f"{SCHEMA} version {data.get('version')!r} is not supported "
-            f"(this pytest-ptn reads version {SCHEMA_VERSION})"
-        )
-    if not isinstance(data.get("results"), list):
-        raise ResultsFormatError(f"malformed {SCHEMA} document: results must be a list")
-    try:
-        results = [_result(i, row) for i, row in enumerate(data["results"])]
-        doc = Results(
-            spec_version=str(data["spec_version"]),
-            provenance={str(k): str(v) for k, v in data["provenance"].items()},
-            results=results,
-            sources=[{str(k): str(v) for k, v in s.items()} for s in data.get("sources", [])],
-        )
-    except (KeyError, TypeError, AttributeError) as exc:
-        raise ResultsFormatError(f"malformed {SCHEMA} document: {exc}") from exc
-    return doc
-
-
-_FIELD_TYPES: dict[str, tuple[type, ...]] = {
-    "rule": (str,),
-    "level": (str,),
-    "scenario": (str, type(None)),
-    "backend": (str,),
-    "outcome": (str,),
-    "reason": (str,),
-    "repro": (str,),
-    "seed": (int, type(None)),
-    "nodeid": (str,),
-}
-
-
-def _result(index: int, row: Any) -> Result:
-    """One results row, every field of the type the renderings and merge rely on."""
-    where = f"result #{index}"
-    if not isinstance(row, dict):
-        raise ResultsFormatError(f"{where} is not an object: {reprlib.repr(row)}")
-    where += f" ({reprlib.repr(row.get('nodeid'))})"
-    if set(row) != set(_FIELD_TYPES):
-        fields = ", ".join(sorted(set(row) ^ set(_FIELD_TYPES)))
-        raise ResultsFormatError(f"{where}: missing or unknown fields: {fields}")
-    for name, types in _FIELD_TYPES.items():
-        value = row[name]
-        if not isinstance(value, types) or isinstance(value, bool):
-            kind = " or ".join("null" if t is type(None) else t.__name__ for t in types)
-            raise ResultsFormatError(f"{where}: {name} must be {kind}, not {reprlib.repr(value)}")
-    if row["level"] not in _LEVELS:
-        raise ResultsFormatError(f"{where}: level must be one of {', '.join(_LEVELS)}, not {row['level']!r}")
-    if row["outcome"] not in OUTCOMES:
-        raise ResultsFormatError(f"{where}: unknown outcome {reprlib.repr(row['outcome'])}")
-    return Result(**row)
-
-
-def load(path: Path) -> Results:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as exc:
-        raise ResultsFormatError(f"{path}: not UTF-8 text: {exc}") from exc
-    except json.JSONDecodeError as exc:
-        raise ResultsFormatError(f"{path}: not JSON: {exc}") from exc
-    except RecursionError as exc:
-        raise ResultsFormatError(f"{path}: JSON nested too deeply to read") from exc
-    try:
-        return from_dict(data)
-    except ResultsFormatError as exc:
-        raise ResultsFormatError(f"{path}: {exc}") from exc
-
-
-def save(doc: Results, path: Path) -> None:
-    path.write_text(json.dumps(to_dict(doc), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-
-
-def write_reports(doc: Results, outdir: Path, changes: Sequence[CellChange] | None = None) -> list[Path]:
-    """Write results.json, summary.md and index.html into `outdir`; return their paths."""
-    outdir.mkdir(parents=True, exist_ok=True)
-    json_path, md_path, html_path = outdir / "results.json", outdir / "summary.md", outdir / "index.html"
-    save(doc, json_path)
-    md_path.write_text(render_markdown(doc, changes), encoding="utf-8")
-    html_path.write_text(render_html(doc, changes), encoding="utf-8")
-    return [json_path, md_path, html_path]
-
-
-# --- merge and diff -----------------------------------------------------------------------------------
-
-
-def merge(docs: Sequence[Results]) -> Results:
-    """Combine runs (typically one per backend or machine) into one matrix.
-
-    A (nodeid, rule, backend) present in several inputs keeps the later input's row, so re-running one
-    backend and merging it last replaces its stale results.
-    """
-    if not docs:
-        raise ValueError("nothing to merge")
-    spec_versions = {d.spec_version for d in docs}
-    if len(spec_versions) > 1:
-        raise ResultsFormatError(f"cannot merge results of different spec versions: {sorted(spec_versions)}")
-    rows: dict[tuple[str, str, str], Result] = {}
-    sources: list[dict[str, str]] = []
-    for doc in docs:
-        for r in doc.results:
-            rows[(r.nodeid, r.rule, r.backend)] = r
-        if doc.sources:
-            sources.extend(doc.sources)
-        else:
-            backends = sorted({r.backend for r in doc.results}, key=backend_sort_key)
-            sources.append({**doc.provenance, "backends": ", ".join(backends)})
-    common = dict(sources[0])
-    for source in sources[1:]:
-        common = {k: v for k, v in common.items() if source.get(k) == v}
-    return Results(spec_versions.pop(), common, sort_results(rows.values()), sources)
-
-
-@dataclass(frozen=True)
-class CellChange:
-    rule: str
-    backend: str
-    before: str | None  # cell status, None when the cell did not exist
-    after: str | None
-
-    @property
-    def kind(self) -> str:
-        if self.after == FAIL:
-            return "newly failing"
-        if self.before == FAIL:
-            return "fixed"
-        if self.before is None:
-            return "new"
-        if self.after is None:
-            return "removed"
-        return "changed"
-
-
-_CHANGE_ORDER = ("newly failing", "fixed", "changed", "new", "removed")
-
-
-def diff(previous: Results, current: Results) -> list[CellChange]:
-    """Cells whose status differs, newly failing first: that is what a reviewer must look at."""
-    before = {
-        (row.rule, b): c.status for row in build_matrix(previous.results).rows for b, c in row.cells.items()
-    }
-    after = {
-        (row.rule, b): c.status for row in build_matrix(current.results).rows for b, c in row.cells.items()
-    }
-    changes = [
-        CellChange(rule, backend, before.get((rule, backend)), after.get((rule, backend)))
-        for rule, backend in before.keys() | after.keys()
-        if before.get((rule, backend)) != after.get((rule, backend))
-    ]
-    return sorted(
-        changes,
-        key=lambda c: (_CHANGE_ORDER.index(c.kind), rule_sort_key(c.rule), backend_sort_key(c.backend)),
-    )
-
-
-# --- the matrix -------------------------------------------------------------------------------------
-
-
-@dataclass
-class Cell:
-    """All results of one rule on one backend."""
-
-    results: list[Result] = field(default_factory=list)
-
-    @property
-    def counts(self) -> Counter[str]:
-        return Counter(r.outcome for r in self.results)
-
-    @property
-    def status(self) -> str:
-        counts = self.counts
-        if counts[FAIL] or counts[XPASS]:
-            return FAIL
-        for outcome in (XFAIL, PASS, NOT_APPLICABLE):
-            if counts[outcome]:
-                return outcome
-        return SKIP
-
-    @property
-    def label(self) -> str:
-        counts = self.counts
-        return " ".join(f"{counts[o]}{letter}" for o, letter in _LETTERS.items() if counts[o])
-
-    @property
-    def words(self) -> str:
-        """The counts spelled out, for renderings that have room: `1 fail · 7 pass`."""
-        counts = self.counts
-        return " · ".join(f"{counts[o]} {word}" for o, word in _WORDS.items() if counts[o])
-
-    @property
-    def notable(self) -> list[Result]:
-        """The results a reader wants to open: everything but passes and not-applicable."""
-        return [r for r in self.results if r.outcome not in (PASS, NOT_APPLICABLE)]
-
-
-@dataclass
-class Row:
-    rule: str
-    title: str
-    level: str
-    cells: dict[str, Cell]
-
-
-@dataclass
-class Matrix:
-    backends: list[str]
-    rows: list[Row]
-
-    def sections(self) -> list[tuple[str, list[Row]]]:
-        """MUST rows, then SHOULD rows, then any other level; empty sections left out."""
-        levels = sorted({r.level for r in self.rows} | set(_LEVELS), key=level_sort_key)
-        grouped = [(level, [r for r in self.rows if r.level == level]) for level in levels]
-        return [(level, rows) for level, rows in grouped if rows]
-
-    def failing(self, level: str) -> list[tuple[str, str]]:
-        return [
-            (row.rule, b)
-            for row in self.rows
-            if row.level == level
-            for b, c in row.cells.items()
-            if c.status == FAIL
-        ]
-
-
-def build_matrix(results: Iterable[Result]) -> Matrix:
-    """Rules with at least one result as rows (spec order), backends as columns."""
-    rows: dict[str, Row] = {}
-    for r in sort_results(results):
-        rule = RULES.get(r.rule)
-        title = rule.title if rule else UNKNOWN_RULE_TITLE if r.rule == UNKNOWN_RULE else ""
-        row = rows.setdefault(r.rule, Row(r.rule, title, r.level, {}))
-        row.cells.setdefault(r.backend, Cell()).results.append(r)
-    backends = sorted({b for row in rows.values() for b in row.cells}, key=backend_sort_key)
-    return Matrix(backends, list(rows.values()))
-
-
-def one_line(text: str, limit: int = 300) -> str:
-    """The first non-empty line, whitespace collapsed and capped, so a reason fits in a table cell."""
-    line = next((ln for ln in text.splitlines() if ln.strip()), "")
-    line = " ".join(line.split())
-    return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
-def whole_reason(text: str, max_lines: int = MAX_REASON_LINES, max_chars: int = MAX_REASON_CHARS) -> str:
-    """The whole failure message (every mismatch line is the finding), capped so that one runaway message
-    cannot swamp a report: at most ``max_lines`` lines and about ``max_chars`` characters."""
-    lines = [ln.rstrip() for ln in text.strip("\n").splitlines()]
-    kept: list[str] = []
-    size = 0
-    for line in lines:
-        if len(kept) == max_lines or size + len(line) > max_chars:
-            break
-        kept.append(line)
-        size += len(line) + 1
-    if not kept and lines:  # one line longer than the whole budget
-        kept = [lines[0][: max_chars - 3] + "..."]
-    dropped = len(lines) - len(kept)
-    if dropped:
-        kept.append(f"... {dropped} more line{'s' if dropped > 1 else ''}")
-    return "\n".join(kept)
-
-
-@dataclass
-class Finding:
-    """One failing test's result (a test checking several rules yields one Result per rule, one Finding)."""
-
-    rules: list[str]
-    result: Result
-
-    @property
-    def title(self) -> str:
-        r = self.result
-        scenario = f" · {r.scenario}" if r.scenario else ""
-        seed = f" (seed {r.seed})" if r.seed is not None else ""
-        return f"{', '.join(self.rules)} on {r.backend}{scenario}{seed}"
-
-
-def findings(results: Iterable[Result], outcomes: tuple[str, ...]) -> list[Finding]:
-    """The results with these outcomes, one per test and backend, in canonical order."""
-    grouped: dict[tuple[str, str], Finding] = {}
-    for r in sort_results(results):
-        if r.outcome in outcomes:
-            grouped.setdefault((r.nodeid, r.backend), Finding([], r)).rules.append(r.rule)
-    return list(grouped.values())
-
 
 # --- text ---------------------------------------------------------------------------------------------
 
@@ -444,7 +66,7 @@ def render_text(doc: Results, paint: Paint = _no_paint) -> list[str]:
     if failed:
         lines += ["", f"failures ({len(failed)}):"]
         for finding in failed:
-            lines.append(f"  {_LETTERS[finding.result.outcome]} {finding.title}")
+            lines.append(f"  {OUTCOME_LETTERS[finding.result.outcome]} {finding.title}")
             lines += [f"      {line}".rstrip() for line in finding.result.reason.splitlines()]
             lines.append(f"    reproduce: {finding.result.repro}")
     return lines
@@ -596,7 +218,7 @@ def _verdicts(matrix: Matrix) -> list[tuple[str, list[tuple[str, str]], bool]]:
                 for c in row.cells.values()
             ),
         )
-        for level in _LEVELS
+        for level in LEVELS
         if level in present
     ]
 
@@ -648,7 +270,7 @@ def _h(text: object) -> str:
 
 
 def _html_badge(outcome: str) -> str:
-    return f'<span class="badge {_CSS_CLASS[outcome]}">{_h(_WORDS[outcome].upper())}</span>'
+    return f'<span class="badge {_CSS_CLASS[outcome]}">{_h(OUTCOME_WORDS[outcome].upper())}</span>'
 
 
 def _html_result_item(r: Result) -> str:
@@ -755,3 +377,13 @@ def render_html(doc: Results, changes: Sequence[CellChange] | None = None) -> st
         out += ["<h2>Expected failures (known bugs)</h2>", _html_results_table(xfails)]
     out.append("</body></html>\n")
     return "\n".join(out)
+
+
+def write_reports(doc: Results, outdir: Path, changes: Sequence[CellChange] | None = None) -> list[Path]:
+    """Write results.json, summary.md and index.html into `outdir`; return their paths."""
+    outdir.mkdir(parents=True, exist_ok=True)
+    json_path, md_path, html_path = outdir / "results.json", outdir / "summary.md", outdir / "index.html"
+    save(doc, json_path)
+    md_path.write_text(render_markdown(doc, changes), encoding="utf-8")
+    html_path.write_text(render_html(doc, changes), encoding="utf-8")
+    return [json_path, md_path, html_path]

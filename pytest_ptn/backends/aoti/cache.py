@@ -39,8 +39,8 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
-from pytest_ptn.exported import constants_of
-from pytest_ptn.rules import ContentKey, digest
+from pytest_ptn.content import ContentKey, digest
+from pytest_ptn.programs.exported import constants_of
 
 CACHE_ENV = "PTN_AOTI_CACHE"
 FORMAT = "pytest-ptn aoti cache 4"

@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     import torch
     from torch.export import ExportedProgram
 
-    from pytest_ptn.ptn_interpreter import PtnInterpreter
-    from pytest_ptn.ptn_package import PtnPackage
+    from pytest_ptn.backends.native.interpreter import PtnInterpreter
+    from pytest_ptn.backends.native.package import PtnPackage
 
 STATE_PREFIX = "state/"
 
@@ -41,7 +41,7 @@ class NativeLowered(Lowered):
         """method -> placeholder name -> the key the exported program gives it."""
 
     def package(self) -> PackageView:
-        from pytest_ptn.ptn_package import read_ptn
+        from pytest_ptn.backends.native.package import read_ptn
 
         return package_view(read_ptn(self.path), self.placeholders)
 
@@ -57,7 +57,7 @@ def _quant_keys(meta: Any) -> Iterator[str]:
 def package_view(package: PtnPackage, placeholders: dict[str, dict[str, str]]) -> PackageView:
     from executorch.backends.native.serialization import schema
 
-    from pytest_ptn.ptn_interpreter import iter_graphs
+    from pytest_ptn.backends.native.interpreter import iter_graphs
 
     bindings: dict[str, dict[str, str]] = {}
     references: list[Reference] = []
@@ -136,8 +136,8 @@ class NativeBackend(Backend):
         return NativeLowered(path, placeholders)
 
     def load(self, lowered: Lowered) -> NativeLoaded:
-        from pytest_ptn.ptn_interpreter import PtnInterpreter
-        from pytest_ptn.ptn_package import read_ptn
+        from pytest_ptn.backends.native.interpreter import PtnInterpreter
+        from pytest_ptn.backends.native.package import read_ptn
 
         return NativeLoaded(PtnInterpreter(read_ptn(lowered.path)))
 

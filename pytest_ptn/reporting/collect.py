@@ -8,11 +8,11 @@ hand. They also become ``<property>`` elements of each ``<testcase>`` in ``--jun
 schema, since only the xunit1 schema allows properties inside a testcase.
 
 A failed SHOULD test that the plugin turns into an xfail (so it does not fail the run) must carry a
-``wasxfail`` starting with SHOULD_NOT_MET_PREFIX: it is reported as a failure of that SHOULD rule, with the
+``wasxfail`` made by ``ruleset.should_not_met``: it is reported as a failure of that SHOULD rule, with the
 original assertion as reason, not as a known bug.
 
 A failed report without ``ptn_rule`` (an internal error, a crash report without the test's properties, a
-collection error) is still a failure of the run: it is reported under rule ``matrix.UNKNOWN_RULE``, so a
+collection error) is still a failure of the run: it is reported under rule ``results.UNKNOWN_RULE``, so a
 summary never reads "all pass" over a test that did not pass.
 """
 
@@ -31,16 +31,21 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ptn import matrix
-from pytest_ptn.ruleset import RULES, SPEC_VERSION
+from pytest_ptn.reporting import render, results
+from pytest_ptn.ruleset import (
+    MUST,
+    NOT_APPLICABLE_PREFIX,
+    RULES,
+    SHOULD_NOT_MET_PREFIX,
+    SPEC_VERSION,
+    is_strict_xpass,
+)
 
-NOT_APPLICABLE_PREFIX = "not applicable"
-SHOULD_NOT_MET_PREFIX = "SHOULD rule"
 NO_BACKEND = "(no backend)"
 _COLOURS = {
-    matrix.FAIL: {"red": True, "bold": True},
-    matrix.XFAIL: {"yellow": True},
-    matrix.PASS: {"green": True},
+    results.FAIL: {"red": True, "bold": True},
+    results.XFAIL: {"yellow": True},
+    results.PASS: {"green": True},
 }
 
 
@@ -122,33 +127,33 @@ class ConformanceReporter:
         if not any(name == "ptn_rule" for name, _ in properties):
             if not report.failed:
                 return
-            properties = [*properties, ("ptn_rule", matrix.UNKNOWN_RULE)]
+            properties = [*properties, ("ptn_rule", results.UNKNOWN_RULE)]
         outcome = _outcome(report)
         if outcome is None:
             return
         previous = self.records.get(report.nodeid)
-        if previous is not None and previous.outcome in (matrix.FAIL, matrix.XPASS):
+        if previous is not None and previous.outcome in (results.FAIL, results.XPASS):
             # The first failure is the cause; a later teardown error must not hide it.
             previous.properties = properties
             return
         self.records[report.nodeid] = _Record(report.nodeid, properties, outcome, _reason(report))
 
-    def results(self, provenance: dict[str, str]) -> matrix.Results:
+    def document(self, provenance: dict[str, str]) -> results.Results:
         backends = {
             value for r in self.records.values() for name, value in r.properties if name == "ptn_backend"
         }
         rows = [row for record in self.records.values() for row in _rows(record, backends)]
-        return matrix.Results(SPEC_VERSION, provenance, matrix.sort_results(rows))
+        return results.Results(SPEC_VERSION, provenance, results.sort_results(rows))
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self.outdir is not None:
-            self.written = matrix.write_reports(self.results(collect_provenance(self.config)), self.outdir)
+            self.written = render.write_reports(self.document(collect_provenance(self.config)), self.outdir)
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         """Shown for runs with conformance tests (or a report asked for): a run of other tests in a
         repository that has pytest-ptn installed gets no matrix of their failures."""
         conformance = any(
-            (name, value) != ("ptn_rule", matrix.UNKNOWN_RULE)
+            (name, value) != ("ptn_rule", results.UNKNOWN_RULE)
             for r in self.records.values()
             for name, value in r.properties
             if name == "ptn_rule"
@@ -161,7 +166,7 @@ class ConformanceReporter:
             return tw.markup(text, **_COLOURS.get(status, {}))
 
         terminalreporter.write_sep("=", f"ptn conformance (spec v{SPEC_VERSION})")
-        for line in matrix.render_text(self.results({}), paint):
+        for line in render.render_text(self.document({}), paint):
             terminalreporter.write_line(line)
         if self.written:
             others = ", ".join(p.name for p in self.written[:-1])
@@ -172,14 +177,13 @@ def _outcome(report: pytest.TestReport | pytest.CollectReport) -> str | None:
     """Map one phase's report to an outcome; None for phases that decide nothing (a passing setup)."""
     xfail = hasattr(report, "wasxfail")
     if report.failed or _should_not_met(report):
-        strict_xpass = isinstance(report.longrepr, str) and report.longrepr.startswith("[XPASS(strict)]")
-        return matrix.XPASS if strict_xpass else matrix.FAIL
+        return results.XPASS if is_strict_xpass(report.longrepr) else results.FAIL
     if report.skipped:
         if xfail:
-            return matrix.XFAIL
-        return matrix.NOT_APPLICABLE if _reason(report).startswith(NOT_APPLICABLE_PREFIX) else matrix.SKIP
+            return results.XFAIL
+        return results.NOT_APPLICABLE if _reason(report).startswith(NOT_APPLICABLE_PREFIX) else results.SKIP
     if report.when == "call":
-        return matrix.XPASS if xfail else matrix.PASS
+        return results.XPASS if xfail else results.PASS
     return None
 
 
@@ -190,14 +194,14 @@ def _should_not_met(report: pytest.TestReport | pytest.CollectReport) -> bool:
 def _reason(report: pytest.TestReport | pytest.CollectReport) -> str:
     """The whole message (capped): a failure's finding is often every line of it, not the first."""
     if hasattr(report, "wasxfail") and not report.failed and not _should_not_met(report):
-        return matrix.whole_reason(report.wasxfail) or "expected failure"
+        return results.whole_reason(report.wasxfail) or "expected failure"
     longrepr = report.longrepr
     if isinstance(longrepr, tuple | list) and len(longrepr) == 3:  # a skip: (path, lineno, message)
-        return matrix.whole_reason(str(longrepr[2]).removeprefix("Skipped: "))
+        return results.whole_reason(str(longrepr[2]).removeprefix("Skipped: "))
     crash = getattr(longrepr, "reprcrash", None)
     text = crash.message if crash is not None else str(longrepr or "")
     prefix = "" if report.when == "call" else f"{report.when}: "
-    return prefix + matrix.whole_reason(text)
+    return prefix + results.whole_reason(text)
 
 
 def _backend_in(nodeid: str, backends: set[str]) -> str:
@@ -207,7 +211,7 @@ def _backend_in(nodeid: str, backends: set[str]) -> str:
     return next((b for b in sorted(backends, key=len, reverse=True) if f"-{b}-" in params), NO_BACKEND)
 
 
-def _rows(record: _Record, backends: set[str]) -> list[matrix.Result]:
+def _rows(record: _Record, backends: set[str]) -> list[results.Result]:
     props: dict[str, str] = {}
     rules: list[str] = []
     for name, value in record.properties:
@@ -218,9 +222,9 @@ def _rows(record: _Record, backends: set[str]) -> list[matrix.Result]:
             props[name] = value
     seed = props.get("ptn_seed")
     return [
-        matrix.Result(
+        results.Result(
             rule=rule,
-            level=RULES[rule].level if rule in RULES else "MUST",
+            level=RULES[rule].level if rule in RULES else MUST,
             scenario=props.get("ptn_scenario"),
             backend=props.get("ptn_backend") or _backend_in(record.nodeid, backends),
             outcome=record.outcome,

@@ -12,9 +12,10 @@ from typing import Any
 
 import torch
 
-from pytest_ptn import rules
 from pytest_ptn.backend import Loaded, Lowered, MemoryReading, PackageView
-from pytest_ptn.package import Package, read_package, view
+from pytest_ptn.content import SharingCache
+from pytest_ptn.reference.package import Package, read_package, view
+from pytest_ptn.reference.planner import STATE
 
 
 class ReferenceLowered(Lowered):
@@ -27,7 +28,7 @@ class ReferenceLowered(Lowered):
 
 
 class ReferenceLoaded(Loaded):
-    def __init__(self, package: Package, graphs: dict[str, torch.fx.GraphModule], cache: rules.SharingCache):
+    def __init__(self, package: Package, graphs: dict[str, torch.fx.GraphModule], cache: SharingCache):
         self._package = package
         self._graphs = graphs
         self._cache = cache
@@ -95,7 +96,7 @@ class ReferenceLoaded(Loaded):
         return self._tensor(method, final).untyped_storage().data_ptr()
 
     def state(self) -> dict[str, torch.Tensor]:
-        return {k.removeprefix(f"{rules.STATE}/"): t for k, t in self._state.items()}
+        return {k.removeprefix(f"{STATE}/"): t for k, t in self._state.items()}
 
     def constant_memory(self) -> MemoryReading:
         return MemoryReading(self._peak, "reference loader: peak bytes it held for constants")

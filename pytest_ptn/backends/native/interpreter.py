@@ -15,7 +15,7 @@ After every call the ``BUFFER_MUTATION`` outputs are written back into ``state``
 are returned. Two interpreters over one package share no state.
 
 Importing this module needs torch only; executorch is never imported here (the program
-objects come from :mod:`pytest_ptn.ptn_package`).
+objects come from :mod:`pytest_ptn.backends.native.package`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from .ptn_package import PtnPackage, scalar_type_to_dtype, shape_fits
+from pytest_ptn.backends.native.package import PtnPackage, scalar_type_to_dtype, shape_fits
 
 # Enum values of executorch/backends/native/serialization/native_graph.fbs (append-only there).
 _OP_CALL_FUNCTION, _OP_PLACEHOLDER, _OP_OUTPUT = 0, 1, 2

@@ -1,0 +1,1 @@
+"""The AOTInductor backends: per-method compiled libraries, cached on disk, sharing constants by content."""

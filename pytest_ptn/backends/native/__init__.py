@@ -1,0 +1,1 @@
+"""The native backend: .ptn packages read by a small schema-checked reader and a pure-torch interpreter."""

@@ -1,0 +1,187 @@
+"""pytest-xdist: the controller's seed for every worker, each case's tests on one worker, and a dead worker
+failing only the test it ran."""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_ptn.programs import catalogue
+from pytest_ptn.scheduling import crashes
+from pytest_ptn.session import RunState
+
+CRASH_RESTARTS = 1000
+"""Worker restarts a run allows when ``--max-worker-restart`` is not given: a crashed step is not retried, so
+this bounds only backends that crash in ever new places."""
+
+
+class Xdist:
+    """pytest-xdist hooks: the controller's seed for every worker, each case's tests on one worker, and a
+    worker that dies failing the test it ran (pytest_ptn.scheduling.crashes) while the run goes on."""
+
+    def __init__(self, state: RunState, config: pytest.Config):
+        self.state = state
+        self.config = config
+        self.collected: set[str] = set()
+
+    @functools.cached_property
+    def run_folder(self) -> Path:
+        """The folder the controller shares with its workers, made when the first worker is configured (an
+        in-process run makes none)."""
+        workerinput = getattr(self.config, "workerinput", None)
+        if workerinput is not None:
+            return Path(workerinput["ptn_run_folder"])
+        return Path(tempfile.mkdtemp(prefix="ptn-run-"))
+
+    def by_case(self, config: pytest.Config) -> bool:
+        """Whether this run is scheduled by case: ``--dist load`` (what ``-n`` means by default) or
+        ``loadscope`` on the conformance suite. Other ``--dist`` modes, and runs that request no backend (no
+        suite), are xdist's own."""
+        return config.getvalue("dist") in ("load", "loadscope") and self.state.explicit
+
+    def pytest_configure_node(self, node: Any) -> None:
+        """Workers fuzz (and collect) alike, order their collection for the scheduler and share the run
+        folder."""
+        node.workerinput["ptn_seed"] = self.state.seed
+        node.workerinput["ptn_by_case"] = self.by_case(node.config)
+        node.workerinput["ptn_run_folder"] = str(self.run_folder)
+        node.workerinput["ptn_sys_path"] = list(sys.path)
+
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        self.collected.add(node.gateway.id)
+
+    def pytest_testnodedown(self, node: Any, error: object | None) -> None:
+        """A worker that dies before it has collected would die again in its replacement: end the run."""
+        if error is not None and self.state.explicit and node.gateway.id not in self.collected:
+            pytest.exit(
+                f"ptn: xdist worker {node.gateway.id} died before collecting the tests ({error}); its own "
+                "output is above. Run in-process with -n 0 to see the error where it happens.",
+                returncode=pytest.ExitCode.INTERNAL_ERROR,
+            )
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
+        """``--dist load``, except that the tests of one (backend, scenario) are one unit of work: lowering
+        is the slow step and is cached per worker, so spreading a scenario's tests over the workers lowered
+        it once on each. Units go out in collection order, where workers put the tests outside any case
+        first (pytest_collection_modifyitems): the fuzz test, by far the longest, then runs beside the cases
+        instead of after them. A crashed test is done (its failure is reported), not run again on the next
+        worker; and a worker that is still starting gets work once it has collected."""
+        if not self.by_case(config):
+            return None
+        from xdist.scheduler import LoadScopeScheduling
+
+        backends = sorted(self.state.requested, key=len, reverse=True)
+        scenarios = [s.name for s in catalogue.SCENARIOS]
+        by_module = config.getvalue("dist") == "loadscope"
+
+        class CaseScheduling(LoadScopeScheduling):
+            def _split_scope(self, nodeid: str) -> str:
+                case = case_of(nodeid, backends, scenarios)
+                if case is not None:
+                    return case
+                return super()._split_scope(nodeid) if by_module else nodeid
+
+            def remove_node(self, node: Any) -> str | None:
+                workload = self.assigned_work.pop(node)
+                crashed = next(
+                    (nodeid for unit in workload.values() for nodeid, done in unit.items() if not done), None
+                )
+                if crashed is None:
+                    return None
+                for unit in workload.values():
+                    if crashed in unit:
+                        unit[crashed] = True
+                pending = {scope: unit for scope, unit in workload.items() if not all(unit.values())}
+                self.workqueue.update(pending)
+                for other in self.assigned_work:
+                    self._reschedule(other)
+                return crashed
+
+            def _reschedule(self, node: Any) -> None:
+                if node in self.registered_collections:  # a replacement worker has not collected yet
+                    super()._reschedule(node)
+
+        config.option.loadscopereorder = False  # largest unit first would put every single test last
+        return CaseScheduling(config, log)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport, sched: Any) -> None:
+        """The test a dead worker was running fails with the signal, the step and its properties (so it is
+        in the matrix and the reports), never as a bare "worker crashed"."""
+        properties = crashes.read_properties(self.run_folder, crashitem)
+        repro = dict(properties).get("ptn_repro")
+        worker = getattr(report, "node", None)
+        worker_id = getattr(getattr(worker, "gateway", None), "id", "?")
+        report.user_properties = list(properties)
+        report.when = "call"
+        report.longrepr = crashes.crash_report(
+            self.run_folder, worker_id, crashes.worker_returncode(worker), crashitem, repro
+        )
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        if not hasattr(config, "workerinput") and "run_folder" in self.__dict__:  # the controller made it
+            shutil.rmtree(self.run_folder, ignore_errors=True)
+
+
+class CrashIsolatedWorker:
+    """A worker's side of crash isolation: faulthandler and last words into the run folder, and each test's
+    properties for the controller."""
+
+    def __init__(self, config: pytest.Config):
+        self.folder = Path(config.workerinput["ptn_run_folder"])  # type: ignore[attr-defined]
+        self.worker_id = str(config.workerinput["workerid"])  # type: ignore[attr-defined]
+
+    def pytest_sessionstart(self) -> None:
+        crashes.start_worker(self.folder, self.worker_id)
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        crashes.write_properties(
+            self.folder,
+            {
+                item.nodeid: [(name, str(value)) for name, value in item.user_properties]
+                for item in session.items
+            },
+        )
+
+    def pytest_runtest_logstart(self, nodeid: str) -> None:
+        crashes.note_test(nodeid)
+
+    def pytest_unconfigure(self) -> None:
+        crashes.stop_worker()
+
+
+def one_worker_by_default(config: pytest.Config) -> None:
+    """A conformance run without ``-n`` gets one xdist worker (see plugin.pytest_cmdline_main)."""
+    if hasattr(config, "workerinput") or not config.pluginmanager.hasplugin("xdist"):
+        return
+    option = config.option
+    explicit = bool(config.getoption("ptn_backends") or config.getini("ptn_backends"))
+    if not explicit or option.numprocesses is not None or config.getoption("usepdb", False):
+        return
+    if config.getoption("collectonly", False) or config.getoption("help", False):
+        return
+    option.numprocesses = 1
+    if option.maxworkerrestart is None:  # one restart per crashed step; xdist's default stops at 4
+        option.maxworkerrestart = str(CRASH_RESTARTS)
+
+
+def case_of(nodeid: str, backends: list[str], scenarios: list[str]) -> str | None:
+    """``backend::scenario`` for a test parametrized with both (its id holds ``backend-scenario``), else
+    None. The controller sees test ids only: pytest joins the ids of the parameters with ``-`` in the order
+    they were parametrized, backend then scenario."""
+    name = nodeid.rsplit("::", 1)[-1]
+    if "[" not in name or not name.endswith("]"):
+        return None
+    params = f"-{name[name.index('[') + 1 : -1]}-"
+    for backend in backends:
+        for scenario in scenarios:
+            if f"-{backend}-{scenario}-" in params:
+                return f"{backend}::{scenario}"
+    return None
