@@ -40,8 +40,8 @@ def test_each_method_matches_eager(ptn_case: Case) -> None:
 def test_valid_program_lowers_and_loads(ptn_case: Case) -> None:
     loaded = ptn_case.load()
     try:
-        for method in ptn_case.program.spec.methods:
-            loaded.load_method(method.name)
+        for method in ptn_case.program.method_names:
+            loaded.load_method(method)
     except Exception as e:
         pytest.fail(f"loading failed: {type(e).__name__}: {e}", pytrace=False)
 
@@ -75,7 +75,7 @@ def test_buffers_start_from_eager_values(ptn_case: Case) -> None:
             have = state.get(key)
             if have is None or not have.to(want.dtype).equal(want):
                 mismatches.append(Mismatch(0, "(load)", f"buffer {key!r} starts as {have}, eager {want}"))
-    for method in ptn_case.program.spec.methods:
-        first_call = ptn_case.program.run_eager((method.name,))
+    for method in ptn_case.program.method_names:
+        first_call = ptn_case.program.run_eager((method,))
         mismatches += ptn_case.run_sequence(ptn_case.load(), first_call)
     fail_on(mismatches, "initial values differ from eager")

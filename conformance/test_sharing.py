@@ -8,7 +8,6 @@ import pytest
 
 from pytest_ptn.backend import Loaded
 from pytest_ptn.harness import Case, fail_on
-from pytest_ptn.programs.build import Program
 from pytest_ptn.programs.exported import (
     constants_of,
     immutable_by_content,
@@ -49,7 +48,7 @@ def _shared_differing(topology: dict[tuple[str, str], int], programs: dict) -> l
 
 def _load_all(case: Case, order: list[str] | None = None) -> Loaded:
     loaded = case.load()
-    for method in order or [m.name for m in case.program.spec.methods]:
+    for method in order or case.program.method_names:
         loaded.load_method(method)
     return loaded
 
@@ -93,7 +92,7 @@ def test_two_programs_in_one_process_do_not_leak(
 ) -> None:
     first = _load_all(ptn_case)
     fail_on(ptn_case.run_sequence(first), "first program differs from eager")
-    other = Program(ptn_case.scenario.spec.with_other_values())
+    other = ptn_case.program.with_other_values()
     lowered = ptn_case.backend.lower(other.export(), tmp_path_factory.mktemp("other"))
     second = ptn_case.backend.load(lowered)
     mismatches = []
@@ -110,7 +109,7 @@ def test_two_programs_in_one_process_do_not_leak(
 @pytest.mark.ptn_scenarios("valid")
 def test_load_order_does_not_matter(ptn_case: Case) -> None:
     programs = ptn_case.exported()
-    names = [m.name for m in ptn_case.program.spec.methods]
+    names = list(ptn_case.program.method_names)
     forward, backward = _load_all(ptn_case, names), _load_all(ptn_case, names[::-1])
     assert _partition(_topology(forward, programs)) == _partition(_topology(backward, programs)), (
         "sharing topology depends on the order methods load in"

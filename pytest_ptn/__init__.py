@@ -9,7 +9,10 @@ from pytest_ptn.spec import Branch, Constant, Method, ProgramSpec, Scenario, Wri
 
 DISTRIBUTION = "pytest-ptn"
 
-__version__ = importlib.metadata.version(DISTRIBUTION)
-"""The installed distribution's version: pyproject.toml is its one source."""
+try:
+    __version__ = importlib.metadata.version(DISTRIBUTION)
+    """The installed distribution's version: pyproject.toml is its one source."""
+except importlib.metadata.PackageNotFoundError:  # a source checkout on PYTHONPATH (air-gapped GPU runner)
+    __version__ = "unknown"
 
 __all__ = ["DISTRIBUTION", "Branch", "Constant", "Method", "ProgramSpec", "Scenario", "Write", "__version__"]

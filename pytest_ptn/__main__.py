@@ -3,6 +3,7 @@
 python -m pytest_ptn --version
 python -m pytest_ptn list {backends,scenarios,rules} [--json]
 python -m pytest_ptn report merge A.json B.json ... -o OUTDIR [--previous OLD.json]
+python -m pytest_ptn expectations update RESULTS.json [--file EXPECTATIONS.toml]
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pytest_ptn import DISTRIBUTION, __version__, inventory
+from pytest_ptn import DISTRIBUTION, __version__, expectations, expectations_update, inventory
+from pytest_ptn.backend import BackendError
 from pytest_ptn.reporting import matrix, render, results
 from pytest_ptn.ruleset import SPEC_VERSION
 
@@ -61,13 +63,30 @@ def main(argv: list[str] | None = None) -> int:
         help="an earlier merged results.json: list the cells whose status changed, newly failing first",
     )
     merge.set_defaults(run=_merge)
+    known = commands.add_parser("expectations", help="known-failure files (--ptn-expectations)")
+    known_commands = known.add_subparsers(dest="expectations_command", required=True)
+    update = known_commands.add_parser(
+        "update",
+        help="write or update a backend's known failures from a run's results.json",
+        description="Entries of rule x scenario that still fail are kept with their reason and link, those "
+        "that passed (xpass: stale) are removed, new failures are added with an empty link to fill in; "
+        "the diff is printed. A new file takes the run's versions; an existing one keeps its range.",
+    )
+    update.add_argument("results", type=Path, metavar="RESULTS_JSON")
+    update.add_argument(
+        "--file",
+        type=Path,
+        metavar="TOML",
+        help="the expectations file to update or create (default: <backend>.toml here, for each backend run)",
+    )
+    update.set_defaults(run=_update_expectations)
     args = parser.parse_args(argv)
     try:
         return int(args.run(args))
     except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as shell tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (OSError, results.ResultsFormatError) as exc:
+    except (OSError, results.ResultsFormatError, expectations.ExpectationsError, BackendError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
@@ -92,6 +111,17 @@ def _merge(args: argparse.Namespace) -> int:
         print("\n".join(render.render_changes_text(changes)))
     print()
     print("\n".join(f"wrote {path}" for path in written))
+    return 0
+
+
+def _update_expectations(args: argparse.Namespace) -> int:
+    updates = expectations_update.update(results.load(args.results), args.file, Path.cwd())
+    for update in updates:
+        print("\n".join(update.diff()))
+        update.path.write_text(update.new_text, encoding="utf-8")
+        print("\n".join(update.summary()))
+    if not updates:
+        print(f"{args.results} holds no conformance results: nothing to write")
     return 0
 
 

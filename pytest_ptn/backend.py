@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
+from pytest_ptn import DISTRIBUTION
+
 if TYPE_CHECKING:
     import torch
 
@@ -152,8 +154,33 @@ class BackendNotFound(BackendError, LookupError):
     """No backend by that name, or its module cannot be imported."""
 
 
+PROJECT_BACKENDS = {
+    "reference": "pytest_ptn.backends.reference:ReferenceBackend",
+    "native": "pytest_ptn.backends.native.backend:NativeBackend",
+    "pte": "pytest_ptn.backends.pte:PteBackend",
+    "pte-xnnpack": "pytest_ptn.backends.pte:XnnpackBackend",
+    "pte-external": "pytest_ptn.backends.pte:ExternalConstantsBackend",
+    "pte-shared-state": "pytest_ptn.backends.pte:SharedStateBackend",
+    "aoti": "pytest_ptn.backends.aoti.backend:AotiBackend",
+    "aoti-upstream": "pytest_ptn.backends.aoti.backend:AotiUpstreamBackend",
+    "cuda": "pytest_ptn.backends.cuda:CudaDelegateBackend",
+}
+"""This project's own backends, as pyproject.toml's entry points name them (a test keeps the two equal): a
+source checkout run with ``-p pytest_ptn.plugin`` and nothing installed (an air-gapped GPU runner) has no
+entry points, yet ``--ptn-backend=aoti`` must mean the same there."""
+
+
 def installed_backends() -> dict[str, importlib.metadata.EntryPoint]:
-    return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    """Backends by name: the entry points of every installed distribution, plus this project's own when
+    pytest-ptn itself is not installed (its modules imported from a source checkout)."""
+    found = {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    if package_version(DISTRIBUTION) is not None:
+        return found
+    own = {
+        name: importlib.metadata.EntryPoint(name, value, ENTRY_POINT_GROUP)
+        for name, value in PROJECT_BACKENDS.items()
+    }
+    return {**own, **found}
 
 
 def one_line(e: BaseException) -> str:

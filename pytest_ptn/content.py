@@ -7,6 +7,7 @@ same digest.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import threading
 import weakref
@@ -33,7 +34,16 @@ class ContentKey:
 def tensor_bytes(t: torch.Tensor) -> memoryview:
     """The tensor's bytes in logical (row-major) order, read from host memory without a device copy."""
     flat = t.detach().resolve_conj().resolve_neg().contiguous().reshape(-1)
-    return flat.view(torch.uint8).numpy().data if flat.numel() else memoryview(b"")
+    return host_memory(flat) if flat.numel() else memoryview(b"")
+
+
+def host_memory(t: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor's memory, zero-copy and writable; the view keeps ``t`` alive.
+    Through ctypes, not ``Tensor.numpy()``: torch does not require numpy, and a GPU runner may lack it."""
+    assert t.device.type == "cpu" and t.is_contiguous(), (t.device, t.stride())
+    memory = (ctypes.c_ubyte * t.nbytes).from_address(t.data_ptr())
+    memory.owner = t  # type: ignore[attr-defined]
+    return memoryview(memory).cast("B")
 
 
 def digest(t: torch.Tensor) -> str:

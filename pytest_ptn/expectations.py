@@ -10,12 +10,15 @@ One TOML file per backend (and version range) in ``conformance/expectations/``:
     reason = "to_native rejects ..."
     link = "https://github.com/pytorch/executorch/pull/23891"
 
-A listed failure that passes fails the run (strict xfail), so the data cannot go stale silently.
+A listed failure that passes fails the run (strict xfail), so the data cannot go stale silently. ``link`` may
+be ``""`` while no upstream issue is filed yet (a fresh baseline): the run header counts such entries.
+``python -m pytest_ptn expectations update`` writes and prunes these files from a run.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +35,13 @@ else:  # pragma: no cover
 
 
 ENTRY_FIELDS = ("rule", "scenario", "reason", "link")
-"""What every ``[[xfail]]`` entry states, each a non-empty string."""
+"""What every ``[[xfail]]`` entry states, each a string, non-empty but for ``link``."""
+LINK_PENDING = ("link",)
+"""Fields an entry may leave empty for now: a baseline lists failures before anyone files them upstream."""
+ANY_SCENARIO = "*"
+"""The scenario of an entry that holds for every scenario of its rule."""
+FUZZ_SCENARIO = "fuzz"
+"""The scenario the fuzz test's failures are reported and listed under."""
 
 
 class ExpectationsError(ValueError):
@@ -49,11 +58,11 @@ class Expectation:
     source: Path
 
     def matches(self, backend: str, rules: list[str], scenario: str | None) -> bool:
-        return self.backend == backend and self.rule in rules and self.scenario in ("*", scenario)
+        return self.backend == backend and self.rule in rules and self.scenario in (ANY_SCENARIO, scenario)
 
     def describe(self) -> str:
         return (
-            f"known failure of {self.backend} on {self.rule}: {self.reason} ({self.link}); "
+            f"known failure of {self.backend} on {self.rule}: {self.reason} ({self.link or 'no link yet'}); "
             f"if this passes, the expectation is stale: remove it from {self.source}"
         )
 
@@ -77,8 +86,22 @@ class ExpectationFile:
                 return False
         return True
 
+    def summary(self) -> list[str]:
+        """The run header's lines about this file: what it lists, and once, the entries still to be linked
+        (a header line, not a warning: hosts run with ``filterwarnings = error``)."""
+        lines = [f"ptn expectations for {self.backend}: {self.path} ({len(self.entries)} known failures)"]
+        unlinked = [e for e in self.entries if not e.link]
+        if unlinked:
+            lines.append(
+                f"ptn expectations: {len(unlinked)} of {self.path.name} without a link (first: "
+                f"{unlinked[0].rule} {unlinked[0].scenario}): add the upstream issue each one waits on"
+            )
+        return lines
 
-def read(path: Path) -> ExpectationFile:
+
+def read(path: Path, user_scenarios: Collection[str] = ()) -> ExpectationFile:
+    """Read and check one file; a scenario must be the catalogue's or one of ``user_scenarios`` (the host's
+    own programs, see pytest_ptn.hookspecs)."""
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as e:
@@ -106,7 +129,7 @@ def read(path: Path) -> ExpectationFile:
     entries = []
     for i, raw in enumerate(raw_entries):
         where = f"{path}: xfail #{i + 1}"
-        missing = [k for k in ENTRY_FIELDS if raw.get(k) in (None, "")]
+        missing = [k for k in ENTRY_FIELDS if raw.get(k) is None or (raw[k] == "" and k not in LINK_PENDING)]
         if missing:
             raise ExpectationsError(f"{where}: missing {', '.join(missing)}")
         not_text = [
@@ -116,7 +139,8 @@ def read(path: Path) -> ExpectationFile:
             raise ExpectationsError(f"{where}: {'; '.join(not_text)}")
         if raw["rule"] not in RULES:
             raise ExpectationsError(f"{where}: unknown rule {raw['rule']!r}")
-        if raw["scenario"] not in ("*", "fuzz") and raw["scenario"] not in BY_NAME:
+        known = (ANY_SCENARIO, FUZZ_SCENARIO, *BY_NAME, *user_scenarios)
+        if raw["scenario"] not in known:
             raise ExpectationsError(f"{where}: unknown scenario {raw['scenario']!r}")
         entries.append(Expectation(backend, raw["rule"], raw["scenario"], raw["reason"], raw["link"], path))
     return ExpectationFile(path, backend, requires, tuple(entries))

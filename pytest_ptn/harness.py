@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from pytest_ptn.session import LoweringCache
 
@@ -18,8 +18,31 @@ if TYPE_CHECKING:
     import torch
 
     from pytest_ptn.backend import Backend, Loaded, Lowered
-    from pytest_ptn.programs.build import EagerCall, Program
+    from pytest_ptn.programs.build import EagerCall
+    from pytest_ptn.programs.user import UserScenario
     from pytest_ptn.spec import ProgramSpec, Scenario
+
+
+class ProgramUnderTest(Protocol):
+    """What the conformance tests read from a case's program: a catalogue one (programs.build.Program) or a
+    backend repository's own (programs.user.NamedProgram)."""
+
+    @property
+    def method_names(self) -> tuple[str, ...]: ...
+
+    def export(self) -> dict[str, torch.export.ExportedProgram]:
+        """Fresh programs, one per method: a lowering may consume the ones it is given."""
+
+    def eager(self) -> list[EagerCall]:
+        """The call sequence as eager PyTorch ran it."""
+
+    def run_eager(self, sequence: tuple[str, ...]) -> list[EagerCall]: ...
+
+    def state_fqns(self) -> dict[str, torch.Tensor]:
+        """Initial value of every buffer some method writes, by FQN."""
+
+    def with_other_values(self) -> ProgramUnderTest:
+        """The same names, shapes and calls holding other tensors (S4's second program)."""
 
 
 @dataclass
@@ -36,7 +59,7 @@ class Case:
     def __init__(
         self,
         backend: Backend,
-        scenario: Scenario,
+        scenario: Scenario | UserScenario,
         workdir: Callable[[str], Path],
         cache: LoweringCache | None = None,
     ):
@@ -47,9 +70,12 @@ class Case:
         self._cache = cache if cache is not None else LoweringCache()
 
     @cached_property
-    def program(self) -> Program:
+    def program(self) -> ProgramUnderTest:
         from pytest_ptn.programs.build import Program
+        from pytest_ptn.programs.user import UserScenario
 
+        if isinstance(self.scenario, UserScenario):
+            return self.scenario.program
         return Program(self.scenario.spec)
 
     def exported(self) -> dict[str, torch.export.ExportedProgram]:
@@ -68,8 +94,9 @@ class Case:
         from pytest_ptn.programs.catalogue import BY_NAME
         from pytest_ptn.scheduling import crashes
 
+        named = self.catalogue_spec is None or self.scenario.name in BY_NAME  # names tell programs apart
         try:
-            crashes.enter(self.backend.name, self.scenario.name, step, self.scenario.name in BY_NAME)
+            crashes.enter(self.backend.name, self.scenario.name, step, named)
             return
         except crashes.CrashedEarlier as e:
             earlier = str(e)
@@ -100,6 +127,11 @@ class Case:
             raise result
         return result
 
+    def lowering(self) -> Lowered | Exception | None:
+        """What the session's lowering of this case gave, without lowering (None if no test lowered it yet):
+        a repro bundle copies the artifact the failing test loaded."""
+        return self._cache.lowered.get((id(self.backend), self.scenario.name))
+
     def load(self) -> Loaded:
         lowered = self.lower()
         self._enter("loading")
@@ -108,18 +140,30 @@ class Case:
     def eager(self) -> list[EagerCall]:
         return self.program.eager()
 
+    @property
+    def catalogue_spec(self) -> ProgramSpec | None:
+        """The spec the case's program is built from; None for a user program, which has no metadata."""
+        from pytest_ptn.programs.user import UserScenario
+
+        return None if isinstance(self.scenario, UserScenario) else self.scenario.spec
+
     def read_names(self, method: str) -> list[str]:
-        m = self.scenario.spec.method(method)
+        """What each output value of ``method`` reads; nothing for a user program (a failure shows values)."""
+        if self.catalogue_spec is None:
+            return []
+        m = self.catalogue_spec.method(method)
         return [*m.reads, *(["cond"] if m.branch else [])] or ["x.sum()"]
 
     def _owners(self, method: str, inputs: tuple[torch.Tensor, ...]) -> dict[str, list[tuple[str, float]]]:
         """For each name ``method`` reads: what the value would be with another method's tensor of that name
-        (so a failure can say whose weights a method read)."""
+        (so a failure can say whose weights a method read); known for catalogue programs only."""
         from pytest_ptn.programs.build import make_tensor, weighted_sum
 
+        if self.catalogue_spec is None:
+            return {}
         xs = float(inputs[0].sum())
         out: dict[str, list[tuple[str, float]]] = {}
-        for other in self.scenario.spec.methods:
+        for other in self.catalogue_spec.methods:
             for c in other.constants:
                 if other.name != method and c.family not in ("literal", "scalar"):
                     out.setdefault(c.name, []).append((other.name, float(weighted_sum(make_tensor(c))) + xs))

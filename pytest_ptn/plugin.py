@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from _pytest.reports import TestReport
 
-from pytest_ptn import expectations, upstream_noise
+from pytest_ptn import expectations, hookspecs, upstream_noise
 from pytest_ptn.backend import Backend, BackendError, availability_of, resolve_backend
 from pytest_ptn.programs import catalogue
-from pytest_ptn.reporting import collect
+from pytest_ptn.reporting import collect, repro
 from pytest_ptn.ruleset import (
     RULE_NEEDS,
     RULES,
@@ -29,12 +29,13 @@ from pytest_ptn.ruleset import (
     not_applicable,
     should_not_met,
 )
-from pytest_ptn.scheduling import workers
+from pytest_ptn.scheduling import gpus, shards, workers
 from pytest_ptn.session import RUN_STATE, RunState
+from pytest_ptn.spec import Scenario
 
 if TYPE_CHECKING:
     from pytest_ptn.harness import Case
-    from pytest_ptn.spec import Scenario
+    from pytest_ptn.programs.user import NamedProgram, UserScenario
 
 DEFAULT_BACKEND = "reference"
 SUITE_PACKAGE = "pytest_ptn.conformance"
@@ -80,6 +81,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "and summarized at the end, never raised, and those logs are not captured)",
     )
     collect.add_options(group)
+    repro.add_option(group)
+    shards.add_option(group)
+    gpus.add_option(group)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -88,7 +92,8 @@ def pytest_configure(config: pytest.Config) -> None:
             "markers", f"{rule.id}: conformance rule {rule.id} ({rule.level}): {rule.title}"
         )
     config.addinivalue_line(
-        "markers", "ptn_scenarios(tag): run this conformance test on every catalogue scenario with this tag"
+        "markers",
+        "ptn_scenarios(tag): run this conformance test on every scenario with this tag (catalogue and own)",
     )
     cli = config.getoption("ptn_backends") or []
     ini = config.getini("ptn_backends")
@@ -104,6 +109,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if workerinput and "ptn_sys_path" in workerinput:  # backends the controller could import, workers can
         sys.path[:0] = [p for p in workerinput["ptn_sys_path"] if p not in sys.path]
     collect.configure(config)
+    repro.configure(config)
+    shards.configure(config)
+    gpus.configure(config)
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(workers.Xdist(state, config), "ptn-xdist")
         if hasattr(config, "workerinput") and state.explicit:
@@ -119,17 +127,36 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(
                 f"--ptn-backend={spec} is unavailable on this machine: {state.availability[spec].reason}"
             )
+    state.user_programs = user_programs(config)
     suite = suite_path()
     if not config.getoption("ptn_no_expectations"):
         given = config.getoption("ptn_expectations")
         paths = [Path(p) for p in given] if given else expectations.shipped(suite)
         try:
-            state.expectation_files = [expectations.read(p) for p in paths]
+            state.expectation_files = [expectations.read(p, set(state.user_programs)) for p in paths]
         except expectations.ExpectationsError as e:
             raise pytest.UsageError(f"--ptn-expectations: {e}") from e
     from_args = config.args_source == pytest.Config.ArgsSource.ARGS
     if state.explicit and not from_args and suite is not None and str(suite) not in config.args:
         config.args.append(str(suite))
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    pluginmanager.add_hookspecs(hookspecs)
+
+
+def user_programs(config: pytest.Config) -> dict[str, NamedProgram]:
+    """The host's own programs (its conftest's ``pytest_ptn_programs``), asked once, before expectation files
+    are read, so that those can name them and a misspelt name is still an error."""
+    answers = [p for answer in config.hook.pytest_ptn_programs(config=config) for p in answer]
+    if not answers:
+        return {}
+    from pytest_ptn.programs.user import NamedProgramError, by_name
+
+    try:
+        return by_name(answers, {*catalogue.BY_NAME, expectations.FUZZ_SCENARIO})
+    except NamedProgramError as e:
+        raise pytest.UsageError(f"pytest_ptn_programs: {e}") from e
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -140,11 +167,18 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
     workers.one_worker_by_default(config)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    return gpus.auto_workers(config)
+
+
 def suite_path() -> Path | None:
-    """Where the installed conformance suite lives, found without importing it."""
+    """Where the installed conformance suite lives, found without importing it; in a source checkout run
+    with nothing installed (``-p pytest_ptn.plugin``), the checkout's ``conformance/``."""
     spec = importlib.util.find_spec(SUITE_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        return None
+        checkout = Path(__file__).parents[1] / "conformance"
+        return checkout if (checkout / "__init__.py").is_file() else None
     return Path(next(iter(spec.submodule_search_locations)))
 
 
@@ -166,15 +200,13 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         cls = state.classes[spec]
         for f in state.expectation_files:
             if f.applies_to(cls.name, a.versions):
-                lines.append(f"ptn expectations for {cls.name}: {f.path} ({len(f.entries)} known failures)")
+                lines.extend(f.summary())
     return lines
 
 
-def _scenarios(metafunc: pytest.Metafunc) -> list[Scenario]:
+def _scenarios(metafunc: pytest.Metafunc) -> list[Scenario | UserScenario]:
     marker = metafunc.definition.get_closest_marker("ptn_scenarios")
-    if marker is None:
-        return list(catalogue.SCENARIOS)
-    return catalogue.tagged(*marker.args)
+    return metafunc.config.stash[RUN_STATE].scenarios(*(marker.args if marker else ()))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -205,7 +237,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         backend = _callspec_param(item, "ptn_backend")
         scenario = _callspec_param(item, "ptn_scenario") or (
-            "fuzz" if "ptn_fuzz" in getattr(item, "fixturenames", ()) else None
+            expectations.FUZZ_SCENARIO if "ptn_fuzz" in getattr(item, "fixturenames", ()) else None
         )
         item.user_properties.extend(("ptn_rule", r) for r in rules)
         if backend is not None:
@@ -226,15 +258,16 @@ def ptn_backend(request: pytest.FixtureRequest) -> Backend:
 
 
 @pytest.fixture
-def ptn_scenario(request: pytest.FixtureRequest) -> Scenario:
-    return catalogue.BY_NAME[request.param]
+def ptn_scenario(request: pytest.FixtureRequest) -> Scenario | UserScenario:
+    """A catalogue scenario, or one of the host's own programs (pytest_ptn_programs)."""
+    return request.config.stash[RUN_STATE].scenario(request.param)
 
 
 @pytest.fixture
 def ptn_case(
     request: pytest.FixtureRequest,
     ptn_backend: Backend,
-    ptn_scenario: Scenario,
+    ptn_scenario: Scenario | UserScenario,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Case:
     """The (backend, scenario) under test; skipped as not applicable when the backend cannot show the rule."""
@@ -243,7 +276,7 @@ def ptn_case(
     skip_if_not_applicable(request.node, ptn_backend)
     if "torchao" in ptn_scenario.needs and importlib.util.find_spec("torchao") is None:
         pytest.skip(not_applicable(f"{ptn_scenario.name} needs torchao (pip install torchao)"))
-    reason = ptn_backend.unsupported(ptn_scenario)
+    reason = ptn_backend.unsupported(ptn_scenario) if isinstance(ptn_scenario, Scenario) else None
     if reason:
         pytest.skip(not_applicable(f"{ptn_backend.name} cannot express {ptn_scenario.name}: {reason}"))
     state = request.config.stash[RUN_STATE]

@@ -9,11 +9,14 @@ import pytest
 
 from pytest_ptn import expectations
 from pytest_ptn.backend import Availability, Backend
+from pytest_ptn.programs import catalogue
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
 
     from pytest_ptn.backend import Lowered
+    from pytest_ptn.programs.user import NamedProgram, UserScenario
+    from pytest_ptn.spec import Scenario
 
 
 @dataclass
@@ -37,6 +40,30 @@ class RunState:
     instances: dict[str, Backend] = field(default_factory=dict)
     expectation_files: list[expectations.ExpectationFile] = field(default_factory=list)
     lowerings: LoweringCache = field(default_factory=LoweringCache)
+    user_programs: dict[str, NamedProgram] = field(default_factory=dict)
+    """The host's own programs (the pytest_ptn_programs hook), by name."""
+    _user_scenarios: dict[str, UserScenario] | None = None
+
+    def user_scenarios(self) -> dict[str, UserScenario]:
+        """The user programs as scenarios, tagged on first use (that exports them: collection, not start-up);
+        the programs their tags were read from are the cases' programs to inspect."""
+        if self._user_scenarios is None:
+            self._user_scenarios = {}
+            for name, program in self.user_programs.items():
+                self._user_scenarios[name], self.lowerings.inspected[name] = program.scenario()
+        return self._user_scenarios
+
+    def scenario_names(self) -> list[str]:
+        """Every scenario a case can be of: the catalogue's, then the user programs' (nothing exported)."""
+        return [*(s.name for s in catalogue.SCENARIOS), *self.user_programs]
+
+    def scenarios(self, *tags: str) -> list[Scenario | UserScenario]:
+        """The catalogue's scenarios carrying every one of ``tags``, then the user programs that do."""
+        users = [u for u in self.user_scenarios().values() if set(tags) <= u.tags]
+        return [*catalogue.tagged(*tags), *users]
+
+    def scenario(self, name: str) -> Scenario | UserScenario:
+        return catalogue.BY_NAME.get(name) or self.user_scenarios()[name]
 
     def expected(self, spec: str, rules: list[str], scenario: str | None) -> list[expectations.Expectation]:
         cls, versions = self.classes[spec], self.availability[spec].versions

@@ -427,6 +427,8 @@ def read_safetensors(
     """
     import torch
 
+    from pytest_ptn.content import host_memory
+
     where = info.filename
     size = info.file_size  # already bounded by the archive size (stored, span checked)
     if size < 8:
@@ -468,7 +470,7 @@ def read_safetensors(
         for entry in sorted(entries, key=lambda e: e.begin):
             tensor = torch.empty(entry.shape, dtype=dtypes[entry.key])
             if entry.end > entry.begin:
-                target = tensor.reshape(-1).view(torch.uint8).numpy().data  # its storage, writable
+                target = host_memory(tensor)  # its storage, writable
                 for at in range(0, len(target), READ_CHUNK):
                     n = min(READ_CHUNK, len(target) - at)
                     target[at : at + n] = _read_exact(path, stream, n, what)

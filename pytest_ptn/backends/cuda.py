@@ -48,11 +48,13 @@ class CudaLoaded(PteLoaded):
 
         lowered = self._lowered
         data = str(lowered.data_path) if lowered.data_path else None
-        peak, probe = run_isolated(_load_measured, str(lowered.path), data, sorted(lowered.methods))
+        peak, probe, alongside = run_isolated(
+            _load_measured, str(lowered.path), data, sorted(lowered.methods)
+        )
         return MemoryReading(
             peak,
             f"{probe} grew {peak} B while a fresh process loaded every method (the delegate's weight cache "
-            "is process-wide); the number includes the methods' kernels and workspaces",
+            f"is process-wide); the number includes the methods' kernels and workspaces; {alongside}",
             resolution=DRIVER_PAGE,
         )
 
@@ -91,8 +93,9 @@ def share_weights_across_methods() -> None:
         raise RuntimeError(f"this executorch build does not register CudaBackend ({e}); {SETUP}") from e
 
 
-def _load_measured(path: str, data_path: str | None, methods: list[str]) -> tuple[int, str]:
-    """In a fresh process: the peak GPU memory growth while loading every method, and the probe's name."""
+def _load_measured(path: str, data_path: str | None, methods: list[str]) -> tuple[int, str, str]:
+    """In a fresh process: the peak GPU memory growth while loading every method, the probe's name and the
+    counters read beside it."""
     from pytest_ptn.memory import NvmlMemory
 
     share_weights_across_methods()
@@ -104,7 +107,7 @@ def _load_measured(path: str, data_path: str | None, methods: list[str]) -> tupl
     loaded: list[object] = []  # kept alive: a freed method's memory would be reused by the next one
     for method in methods:
         probe.around(functools.partial(_load_into, loaded, program, method))
-    return probe.peak or 0, probe.name
+    return probe.peak or 0, probe.name, probe.alongside
 
 
 def _load_into(loaded: list[object], program: Any, method: str) -> None:

@@ -151,6 +151,14 @@ class Program:
         self.spec = spec
         self._eager: list[EagerCall] | None = None
 
+    @property
+    def method_names(self) -> tuple[str, ...]:
+        return tuple(m.name for m in self.spec.methods)
+
+    def with_other_values(self) -> Program:
+        """The same program (names, shapes, calls) holding other tensors: a second program for S4."""
+        return Program(self.spec.with_other_values())
+
     def modules(self) -> dict[str, MethodModule]:
         shared = SharedConstants(self.spec)
         return {m.name: MethodModule(self.spec, m, shared).eval() for m in self.spec.methods}

@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from pytest_ptn.programs import catalogue
 from pytest_ptn.scheduling import crashes
 from pytest_ptn.session import RunState
 
@@ -78,7 +77,7 @@ class Xdist:
         from xdist.scheduler import LoadScopeScheduling
 
         backends = sorted(self.state.requested, key=len, reverse=True)
-        scenarios = [s.name for s in catalogue.SCENARIOS]
+        scenarios = self.state.scenario_names()
         by_module = config.getvalue("dist") == "loadscope"
 
         class CaseScheduling(LoadScopeScheduling):

@@ -219,7 +219,8 @@ class AotiLoaded(Loaded):
         return MemoryReading(
             counted,
             f"ledger {self._allocated} B (AOTI blob allocations + cache copies); {self._probe.name} grew "
-            f"{measured} B while loading (counted instead when above the ledger by > {resolution} B)",
+            f"{measured} B while loading (counted instead when above the ledger by > {resolution} B)"
+            + (f"; {self._probe.alongside}" if self._probe.alongside else ""),
         )
 
 

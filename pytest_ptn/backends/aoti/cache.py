@@ -39,7 +39,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
-from pytest_ptn.content import ContentKey, digest
+from pytest_ptn.content import ContentKey, digest, host_memory
 from pytest_ptn.programs.exported import constants_of
 
 CACHE_ENV = "PTN_AOTI_CACHE"
@@ -407,7 +407,7 @@ def _compile_into(out: Path, ep: ExportedProgram, options: dict[str, Any], devic
             t = held[fqn].detach().cpu()
             if not t.is_contiguous():
                 raise NotImplementedError(f"{label}: AOTI holds {fqn!r} with strides {t.stride()}")
-            data = t.reshape(-1).view(torch.uint8).numpy().tobytes()
+            data = bytes(host_memory(t))
             f.write(data + bytes(align(len(data)) - len(data)))
             infos[fqn] = ConstantInfo(
                 name,

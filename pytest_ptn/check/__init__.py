@@ -1,0 +1,138 @@
+"""Run the rules on your own multi-method program, outside the catalogue.
+
+    from pytest_ptn.check import check_program
+
+    findings = check_program(model, {"prefill": (tokens,), "decode": (token,)}, backend="native")
+    assert not findings, "\\n".join(map(str, findings))
+
+The program is exported and run the way users lower for inference (under ``torch.no_grad()``, whatever the
+caller's grad mode), freshly for the lowering, and an untouched copy runs eagerly for the expected values.
+Findings (``pytest_ptn.check.findings.Finding``) name the rule and step: E2 (lowering or loading failed),
+E1 (a call differs from eager, with the numbers and, where one faulty binding accounts for it, whose data it
+read), and where the backend can show them E3-E5 (state view), P1-P5 (package view), S1-S3 and S5 (storage
+view). X1 does not apply: a valid program is never to be rejected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pytest_ptn.backend import (
+    Backend,
+    BackendError,
+    Capability,
+    Loaded,
+    Lowered,
+    availability_of,
+    one_line,
+    resolve_backend,
+)
+from pytest_ptn.check.findings import Difference, Finding, Stage
+from pytest_ptn.check.source import Source, UserProgram
+
+__all__ = ["Difference", "Finding", "Stage", "check_program"]
+
+
+def usable_backend(backend: str | Backend) -> Backend:
+    """``backend`` ready to use, or BackendError saying why it cannot run on this machine."""
+    if isinstance(backend, str):
+        spec, cls = backend, resolve_backend(backend)
+    else:
+        spec, cls = backend.name, type(backend)
+    availability = availability_of(spec, cls)
+    if not availability.available:
+        raise BackendError(f"backend {spec!r} cannot run here: {availability.reason}")
+    return cls() if isinstance(backend, str) else backend
+
+
+def check_program(
+    program: Source,
+    methods: Mapping[str, tuple[Any, ...]],
+    calls: Sequence[tuple[str, tuple[Any, ...]]] | None = None,
+    backend: str | Backend = "reference",
+    workdir: Path | None = None,
+) -> list[Finding]:
+    """Lower ``program``'s ``methods`` (name -> example inputs) through ``backend`` and check it; [] if clean.
+
+    ``program`` is an ``nn.Module`` with those methods, or a mapping of method name -> ``nn.Module`` (its
+    forward), callable or ``ExportedProgram``. ``calls`` is the call sequence (method, inputs); by default
+    each method once with its example inputs. A backend that cannot run here raises BackendError."""
+    import torch
+
+    usable = usable_backend(backend)
+    user = UserProgram(program, methods)
+    sequence = list(calls) if calls is not None else list(methods.items())
+    with torch.no_grad(), tempfile.TemporaryDirectory() as tmp:
+        return _check(usable, user, sequence, workdir or Path(tmp))
+
+
+def _check(backend: Backend, program: UserProgram, sequence: list, workdir: Path) -> list[Finding]:
+    from pytest_ptn.check.execution import run_calls
+    from pytest_ptn.check.explain import explain
+    from pytest_ptn.check.package import package_findings
+    from pytest_ptn.check.storage import partition, storage_findings, topology
+    from pytest_ptn.programs.exported import constants_of, mutable_keys
+
+    try:
+        lowered = backend.lower(program.export(), workdir)
+    except Exception as e:
+        return [Finding("E2", Stage.LOWER, f"lowering failed: {one_line(e)}")]
+    try:
+        loaded = backend.load(lowered)
+        for name in program.methods:
+            loaded.load_method(name)
+    except Exception as e:
+        return [Finding("E2", Stage.LOAD, f"loading failed: {one_line(e)}")]
+    inspected = program.inspected()
+    state_rules = None
+    if Capability.STATE in backend.capabilities:
+        users = {
+            k: [m for m, ep in inspected.items() if k in constants_of(ep)] for k in mutable_keys(inspected)
+        }
+        state_rules = {k: "E3" if len(methods) > 1 else "E4" for k, methods in users.items()}
+    findings, returned = run_calls(loaded, program.eager(), sequence, state_rules)
+    findings = explain(findings, returned, program, sequence)
+    second = _load_reversed(backend, lowered, program)
+    findings += _second_copy(second, program, sequence, state_rules, {f.call for f in findings})
+    if Capability.PACKAGE in backend.capabilities:
+        findings += package_findings(lowered.package(), inspected)
+    if Capability.STORAGE in backend.capabilities:
+        storages = topology(loaded, inspected)
+        findings += storage_findings(storages, inspected)
+        if partition(storages) != partition(topology(_load_reversed(backend, lowered, program), inspected)):
+            findings.append(
+                Finding("S5", Stage.STORAGE, "the sharing topology depends on the order methods load in")
+            )
+    return findings
+
+
+def _load_reversed(backend: Backend, lowered: Lowered, program: UserProgram) -> Loaded:
+    loaded = backend.load(lowered)
+    for name in reversed(program.methods):
+        loaded.load_method(name)
+    return loaded
+
+
+def _second_copy(
+    second: Loaded,
+    program: UserProgram,
+    sequence: list,
+    state_rules: dict[str, str] | None,
+    failed: set[int | None],
+) -> list[Finding]:
+    """A copy loaded after the first one ran, methods in reverse order: it starts from eager's initial state
+    (E4: copies share no state), and its calls match eager where the first copy's did (E1)."""
+    from pytest_ptn.check.execution import run_calls
+
+    findings, _ = run_calls(second, program.eager(), sequence, state_rules)
+    return [
+        dataclasses.replace(f, rule="E4", detail=f"a second loaded copy: {f.detail}")
+        if f.rule == "E5"
+        else dataclasses.replace(f, detail=f"a second copy, methods loaded in reverse order: {f.detail}")
+        for f in findings
+        if f.call not in failed and f.rule in ("E1", "E5")
+    ]

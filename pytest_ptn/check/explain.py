@@ -1,0 +1,108 @@
+"""Say whose data a wrong output read: replay the program with one constant or buffer bound the way a
+faulty loader binds it, and see whether that gives the backend's values."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Iterator, Mapping, Sequence
+
+import torch
+
+from pytest_ptn.check.execution import Call, flat
+from pytest_ptn.check.findings import Difference, Finding, Stage
+from pytest_ptn.check.source import UserProgram, exported_eager, find_tensor, set_tensor
+from pytest_ptn.content import digest
+from pytest_ptn.programs.exported import constants_of, mutable_keys
+
+Modules = dict[str, torch.nn.Module]
+
+
+def explain(
+    findings: list[Finding],
+    returned: list[list[torch.Tensor]],
+    program: UserProgram,
+    sequence: Sequence[Call],
+) -> list[Finding]:
+    """``findings``, each wrong call output that one faulty binding accounts for saying so."""
+    wrong: dict[int, str] = {
+        f.call: f.method
+        for f in findings
+        if f.rule == "E1"
+        and f.stage == Stage.COMPARE
+        and f.call is not None
+        and f.method is not None
+        and f.call < len(returned)
+    }
+    if not wrong:
+        return findings
+    programs = program.inspected()
+    base = exported_eager(program.export(), mutable_keys(programs))
+    explained: dict[int, str] = {}
+    for label, modules in _faulty_bindings(base, programs, set(wrong.values())):
+        try:
+            replayed = _replay(modules, sequence)
+        except Exception:  # a binding the program cannot run with explains nothing
+            continue
+        for call in wrong:
+            if call not in explained and _same(returned[call], replayed[call]):
+                explained[call] = label
+    return [
+        dataclasses.replace(f, explanation=explained[f.call])
+        if f.call in explained and f.rule == "E1" and f.stage == Stage.COMPARE
+        else f
+        for f in findings
+    ]
+
+
+def _faulty_bindings(
+    base: Modules, programs: Mapping[str, torch.export.ExportedProgram], methods: set[str]
+) -> Iterator[tuple[str, Modules]]:
+    """(what it would give, the program bound that way): another method's same-named constant, a private
+    copy of shared state, two same-shape buffers in one memory."""
+    constants = {m: constants_of(ep) for m, ep in programs.items()}
+    mutable = mutable_keys(dict(programs))
+    for method in sorted(methods):
+        for key, use in constants[method].items():
+            if key in mutable:
+                continue
+            for other, theirs in constants.items():
+                t = theirs[key].tensor if other != method and key in theirs else None
+                if (
+                    t is not None
+                    and (t.shape, t.dtype) == (use.tensor.shape, use.tensor.dtype)
+                    and digest(t) != digest(use.tensor)
+                ):
+                    modules = copy.deepcopy(base)
+                    set_tensor(modules[method], key, t.clone())
+                    yield f"what method {other!r}'s {key!r} would give", modules
+        for key in sorted(mutable & set(constants[method])):
+            if any(key in theirs for other, theirs in constants.items() if other != method):
+                modules = copy.deepcopy(base)
+                own = find_tensor({method: modules[method]}, key)
+                if own is not None:
+                    set_tensor(modules[method], key, own.clone())
+                    yield (
+                        f"what a private copy of {key!r} would give (not seeing the other methods' writes)",
+                        modules,
+                    )
+    buffers = sorted(mutable)
+    for i, key in enumerate(buffers):
+        for other in buffers[i + 1 :]:
+            modules = copy.deepcopy(base)
+            a, b = find_tensor(modules, key), find_tensor(modules, other)
+            if a is not None and b is not None and a.shape == b.shape and a.dtype == b.dtype:
+                for module in modules.values():
+                    if find_tensor({"": module}, other) is not None:
+                        set_tensor(module, other, a)
+                yield f"what buffers {key!r} and {other!r} in one memory would give", modules
+
+
+def _replay(modules: Modules, sequence: Sequence[Call]) -> list[list[torch.Tensor]]:
+    return [flat(modules[name](*copy.deepcopy(args))) for name, args in sequence]
+
+
+def _same(have: list[torch.Tensor], want: list[torch.Tensor]) -> bool:
+    return len(have) == len(want) and all(
+        h.shape == w.shape and Difference.between(h, w) is None for h, w in zip(have, want, strict=True)
+    )

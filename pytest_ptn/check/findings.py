@@ -1,0 +1,91 @@
+"""What check_program found, as data: the rule, the step it showed in, where, and by how much."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+RTOL = 1e-5
+ATOL = 1e-5
+"""Outputs closer to eager than this are equal (the conformance tests' tolerance)."""
+
+SHOWN_ELEMENTS = 3
+"""How many differing elements a finding lists."""
+
+
+class Stage(enum.StrEnum):
+    """The step of the check where a finding showed."""
+
+    LOWER = "lower"
+    LOAD = "load"
+    RUN = "run"
+    COMPARE = "compare"
+    PACKAGE = "package"
+    STORAGE = "storage"
+
+
+@dataclass(frozen=True)
+class Difference:
+    """How far a tensor the backend gave is from eager's."""
+
+    max_abs: float
+    max_rel: float
+    differing: int
+    total: int
+    first: tuple[tuple[tuple[int, ...], float, float], ...]
+    """The first differing elements: (index, backend's value, eager value)."""
+
+    @classmethod
+    def between(cls, have: torch.Tensor, want: torch.Tensor) -> Difference | None:
+        """None when ``have`` equals ``want`` within the tolerance (same shape required)."""
+        import torch
+
+        have, want = have.detach().to(torch.float64), want.detach().to(torch.float64)
+        close = torch.isclose(have, want, rtol=RTOL, atol=ATOL, equal_nan=True)
+        if bool(close.all()):
+            return None
+        error = (have - want).abs()
+        rel = error / want.abs().clamp_min(ATOL)
+        wrong = (~close).nonzero().tolist()[:SHOWN_ELEMENTS]
+        first = tuple((tuple(i), float(have[tuple(i)]), float(want[tuple(i)])) for i in wrong)
+        return cls(float(error.max()), float(rel.max()), int((~close).sum()), want.numel(), first)
+
+    def __str__(self) -> str:
+        shown = ", ".join(f"{list(i)} is {h:.6g} (eager {w:.6g})" for i, h, w in self.first)
+        return (
+            f"{self.differing} of {self.total} elements differ, max abs error {self.max_abs:.3g}, "
+            f"max rel error {self.max_rel:.3g}; {shown}"
+        )
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One way the backend broke a rule on the user's program; ``str()`` is the line to show."""
+
+    rule: str
+    stage: Stage
+    detail: str
+    method: str | None = None
+    call: int | None = None
+    """Index in the call sequence, for findings made while running it."""
+    difference: Difference | None = None
+    explanation: str | None = None
+    """What the wrong values equal, e.g. "what method 'prefill''s 'weight' would give"."""
+
+    def __str__(self) -> str:
+        if self.call is not None:
+            where = f"call #{self.call} {self.method}(): "
+        elif self.method is not None:
+            where = f"method {self.method!r}: "
+        else:
+            where = ""
+        line = f"{self.rule}: {where}{self.detail}"
+        if self.difference is not None:
+            line += f": {self.difference}"
+        if self.explanation is not None:
+            line += f"; it equals {self.explanation}"
+        return line

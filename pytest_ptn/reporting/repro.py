@@ -1,0 +1,332 @@
+"""Repro bundles (``--ptn-repro DIR``): one folder per failing (backend, scenario) that an engineer who never
+saw the run can replay.
+
+The worker that ran the failing test writes it, from the test's Case: the artifact the backend wrote, the
+call sequence with every input and eager output (``calls.safetensors``), the program as a pasteable test,
+the failure text and ``repro.py``, which loads the bundled artifact through the backend, replays the calls
+and prints the differences. A ``.pte`` bundle also gets ``runtime_calls.py``: the same replay through
+``executorch.runtime`` alone, for a C++ runtime engineer to translate.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pprint
+import re
+import shutil
+import sys
+from collections.abc import Generator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from pytest_ptn.backends.pte import PteLowered
+from pytest_ptn.harness import Case
+from pytest_ptn.session import RUN_STATE
+
+if TYPE_CHECKING:
+    import torch
+
+    from pytest_ptn.backend import Lowered
+    from pytest_ptn.programs.build import EagerCall
+    from pytest_ptn.spec import ProgramSpec
+
+OPTION = "--ptn-repro"
+MANIFEST = "bundle.json"
+"""In every bundle: what it holds (backend, scenario, versions, artifact files), and the mark that a folder
+is a bundle."""
+ARTIFACT = "artifact"
+CALLS = "calls.safetensors"
+FAILURE = "failure.txt"
+PROGRAM_TEST = "test_program.py"
+REPRO_SCRIPT = "repro.py"
+RUNTIME_SCRIPT = "runtime_calls.py"
+REPORT_SECTION = "ptn repro bundle"
+
+CASE_FIXTURE = "ptn_case"
+BACKEND_PARAM = "ptn_backend"
+
+
+def add_option(group: pytest.OptionGroup) -> None:
+    group.addoption(
+        OPTION,
+        metavar="DIR",
+        default=None,
+        help="write a repro bundle to DIR for every failing (backend, scenario): the lowered artifact, the "
+        "calls with eager inputs and outputs (safetensors), the program, the failure and a repro.py that "
+        "replays it without pytest",
+    )
+
+
+def configure(config: pytest.Config) -> None:
+    """Every process that runs tests writes the bundles of its failures; the controller first clears the
+    bundles an earlier run left in DIR, so each folder there is a case that failed in this run."""
+    value = config.getoption("ptn_repro")
+    if value is None:
+        return
+    folder = Path(config.invocation_params.dir, value).resolve()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if not hasattr(config, "workerinput"):
+            for old in folder.glob(f"*/{MANIFEST}"):
+                shutil.rmtree(old.parent)
+    except OSError as e:
+        raise pytest.UsageError(f"{OPTION} {value}: cannot write there: {e.strerror or e}") from e
+    config.pluginmanager.register(BundleWriter(folder), "ptn-repro")
+
+
+class BundleWriter:
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        """Outermost, so it sees the verdict after xfail and SHOULD handling: a known failure gets a bundle
+        too (it is still a bug for someone to fix); a skip does not."""
+        report = yield
+        case = getattr(item, "funcargs", {}).get(CASE_FIXTURE)
+        failed = report.failed or hasattr(report, "wasxfail")
+        if report.when == "call" and call.excinfo is not None and failed and isinstance(case, Case):
+            spec = item.callspec.params[BACKEND_PARAM]  # type: ignore[attr-defined]
+            versions = item.config.stash[RUN_STATE].availability[spec].versions
+            bundle = write_bundle(self.folder, spec, case, versions)
+            verdict = (
+                f"{report.wasxfail}\n" if hasattr(report, "wasxfail") else ""
+            )  # a known failure, a SHOULD
+            with (bundle / FAILURE).open("a") as f:
+                f.write(f"{item.nodeid}\n{verdict}{report.longreprtext}\n\n")
+            report.sections.append((REPORT_SECTION, str(bundle)))
+        return report
+
+
+def write_bundle(root: Path, spec: str, case: Case, versions: dict[str, str]) -> Path:
+    """The bundle folder of ``case`` (run as backend ``spec``), written by the first of its failing tests
+    to get here. A user program is not data, so its bundle has no program test and no repro.py."""
+    from pytest_ptn.strategies import reproducer  # hypothesis: not at plugin load
+
+    bundle = root / re.sub(r"[^\w.-]+", "_", f"{spec}-{case.scenario.name}")
+    try:
+        bundle.mkdir()
+    except FileExistsError:
+        return bundle
+    lowering = case.lowering()
+    lowered = lowering if lowering is not None and not isinstance(lowering, Exception) else None
+    artifact = copy_artifact(lowered, bundle / ARTIFACT) if lowered is not None else {}
+    manifest = {"backend": spec, "scenario": case.scenario.name, "versions": versions, ARTIFACT: artifact}
+    (bundle / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    write_calls(bundle / CALLS, case.eager())
+    spec_of_program = case.catalogue_spec
+    if spec_of_program is not None:
+        (bundle / PROGRAM_TEST).write_text(reproducer(spec_of_program))
+        (bundle / REPRO_SCRIPT).write_text(
+            repro_script(spec, type(case.backend), case.scenario.name, spec_of_program)
+        )
+    if isinstance(lowered, PteLowered):
+        (bundle / RUNTIME_SCRIPT).write_text(runtime_script(lowered, artifact, case.eager()))
+    return bundle
+
+
+def copy_artifact(lowered: Lowered, into: Path) -> dict[str, str]:
+    """Copy what the backend wrote (``Lowered.path``, and a ``.pte``'s ``.ptd``); the names, by attribute."""
+    into.mkdir()
+    files = {"path": lowered.path}
+    if isinstance(lowered, PteLowered) and lowered.data_path is not None:
+        files["data_path"] = lowered.data_path
+    for source in files.values():
+        if source.is_dir():
+            shutil.copytree(source, into / source.name)
+        else:
+            shutil.copy2(source, into / source.name)
+    return {attribute: source.name for attribute, source in files.items()}
+
+
+def write_calls(path: Path, calls: list[EagerCall]) -> None:
+    """Each call's tensors as ``<call>/<field>/<index>`` (``<fqn>`` for ``state_after``), the method names
+    in the metadata."""
+    from safetensors.torch import save_file
+
+    tensors = {}
+    for i, call in enumerate(calls):
+        fields: dict[str, dict[str, torch.Tensor]] = {
+            "inputs": {str(j): t for j, t in enumerate(call.inputs)},
+            "outputs": {str(j): t for j, t in enumerate(call.outputs)},
+            "inputs_after": {str(j): t for j, t in enumerate(call.inputs_after)},
+            "state_after": call.state_after,
+        }
+        for field, values in fields.items():
+            for name, t in values.items():
+                tensors[f"{i}/{field}/{name}"] = t.detach().clone().contiguous()
+    save_file(tensors, path, metadata={"methods": json.dumps([c.method for c in calls])})
+
+
+def read_calls(path: Path) -> list[EagerCall]:
+    """The calls ``write_calls`` wrote."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    from pytest_ptn.programs.build import EagerCall
+
+    with safe_open(path, "pt") as f:
+        methods = json.loads(f.metadata()["methods"])
+    tensors = load_file(path)
+
+    def under(prefix: str) -> dict[str, torch.Tensor]:
+        return {k.removeprefix(prefix): t for k, t in tensors.items() if k.startswith(prefix)}
+
+    def indexed(prefix: str) -> list[torch.Tensor]:
+        found = under(prefix)
+        return [found[k] for k in sorted(found, key=int)]
+
+    return [
+        EagerCall(
+            method,
+            tuple(indexed(f"{i}/inputs/")),
+            indexed(f"{i}/outputs/"),
+            tuple(indexed(f"{i}/inputs_after/")),
+            under(f"{i}/state_after/"),
+        )
+        for i, method in enumerate(methods)
+    ]
+
+
+def bundled_lowered(case: Case, bundle: Path) -> Lowered:
+    """The backend's lowering of the case's program, pointed at the bundled file(s): a backend may keep
+    part of a lowering in memory (graphs, signatures), so the program is lowered again for that part, and
+    the files the failing run wrote are the ones loaded."""
+    lowered = case.lower_fresh()
+    artifact = json.loads((bundle / MANIFEST).read_text())[ARTIFACT]
+    if not artifact:
+        print("no artifact in the bundle (the failing test did not lower the case): replaying a new lowering")
+        return lowered
+    if _digest(lowered.path) != _digest(bundle / ARTIFACT / artifact["path"]):
+        print("note: lowering again wrote other bytes than the bundled artifact; replaying the bundled one")
+    lowered.path = bundle / ARTIFACT / artifact["path"]
+    if isinstance(lowered, PteLowered) and "data_path" in artifact:
+        lowered.data_path = bundle / ARTIFACT / artifact["data_path"]
+    return lowered
+
+
+def _digest(path: Path) -> str | None:
+    """sha256 of a file artifact (None for a folder: not compared)."""
+    if not path.is_file():
+        return None
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def import_root(cls: type) -> str | None:
+    """The sys.path entry a ``module:Class`` backend was imported from, so repro.py finds it from any
+    folder on this machine (None for a module without a file)."""
+    module = sys.modules[cls.__module__]
+    if module.__file__ is None:
+        return None
+    file = Path(module.__file__).resolve()
+    depth = cls.__module__.count(".") + (file.name == "__init__.py")
+    return str(file.parents[depth])
+
+
+def repro_script(spec: str, cls: type, scenario: str, program_spec: ProgramSpec) -> str:
+    root = import_root(cls) if ":" in spec else None
+    program = pprint.pformat(program_spec, width=100).replace("\n", "\n" + " " * len("SPEC = "))
+    return f'''"""Replays {spec} x {scenario}, a case that failed under pytest-ptn (see {FAILURE}).
+
+Needs torch (executorch for an executorch backend) and pytest-ptn, not the run: `python {REPRO_SCRIPT}`
+from any folder. The program is lowered again only for what the backend keeps beside its file; the bundled
+artifact is what gets loaded. Every difference from eager is printed; the exit status is 1 if there is one.
+"""
+
+import sys
+import tempfile
+from pathlib import Path
+
+from pytest_ptn import *  # noqa: F403  ProgramSpec and its parts
+from pytest_ptn.backend import resolve_backend
+from pytest_ptn.harness import Case
+from pytest_ptn.reporting.repro import bundled_lowered, read_calls
+
+BACKEND = {spec!r}
+BACKEND_IMPORT_ROOT = {root!r}
+SCENARIO = {scenario!r}
+SPEC = {program}
+
+
+def main() -> int:
+    here = Path(__file__).resolve().parent
+    if BACKEND_IMPORT_ROOT is not None:
+        sys.path.append(BACKEND_IMPORT_ROOT)
+    backend = resolve_backend(BACKEND)()
+    with tempfile.TemporaryDirectory() as scratch:
+        case = Case(backend, Scenario(SCENARIO, "", SPEC), lambda name: Path(scratch))
+        loaded = backend.load(bundled_lowered(case, here))
+        mismatches = case.run_sequence(loaded, read_calls(here / {CALLS!r}))
+    if not mismatches:
+        print(f"{{BACKEND}} x {{SCENARIO}}: every call matches eager; the failure ({FAILURE}) is elsewhere")
+        return 0
+    print("outputs differ from eager:")
+    for mismatch in mismatches:
+        print(f"  {{mismatch}}")
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
+
+
+def runtime_script(lowered: PteLowered, artifact: dict[str, str], calls: list[EagerCall]) -> str:
+    """The calls unrolled one a line, each method loaded on first use as the harness loads it."""
+    data = f', data_path=HERE / "{ARTIFACT}" / {artifact["data_path"]!r}' if "data_path" in artifact else ""
+    lines = []
+    for i, call in enumerate(calls):
+        mutations = lowered.methods[call.method].input_mutations
+        outputs = iter(range(len(call.outputs)))
+        expected = [
+            f"{i}/inputs_after/{mutations[o]}" if o in mutations else f"{i}/outputs/{next(outputs)}"
+            for o in range(len(call.outputs) + len(mutations))
+        ]
+        if call.method not in {c.method for c in calls[:i]}:
+            lines.append(f"methods[{call.method!r}] = program.load_method({call.method!r})")
+        inputs = ", ".join(f'calls["{i}/inputs/{j}"].clone()' for j in range(len(call.inputs)))
+        lines.append(f"outputs = methods[{call.method!r}].execute([{inputs}])")
+        lines.append(f"differences += compare({i}, {call.method!r}, outputs, {expected!r})")
+    body = "\n".join(lines)
+    return f'''"""The replay of {REPRO_SCRIPT} through executorch.runtime alone, one call a line: what a C++
+runtime engineer translates (Runtime::get(), Program::load_method, Method::execute). A method that mutates
+an input returns it as an extra output, compared with the input eager left behind (`inputs_after`).
+"""
+
+from pathlib import Path
+
+import torch
+from executorch.runtime import Runtime
+from safetensors.torch import load_file
+
+HERE = Path(__file__).resolve().parent
+calls = load_file(HERE / {CALLS!r})
+program = Runtime.get().load_program(HERE / "{ARTIFACT}" / {artifact["path"]!r}{data})
+methods = {{}}
+differences = 0
+
+
+def compare(call, method, outputs, expected):
+    """Print each output that differs from the eager tensor stored under its key; return how many."""
+    if len(outputs) != len(expected):
+        print(f"call #{{call}} {{method}}(): {{len(outputs)}} outputs, eager gives {{len(expected)}}")
+        return 1
+    found = 0
+    for have, key in zip(outputs, expected):
+        want = calls[key]
+        if have.shape != want.shape or not torch.allclose(have.to(want.dtype), want, rtol=1e-5, atol=1e-5):
+            shown = [have.reshape(-1)[:8].tolist(), want.reshape(-1)[:8].tolist()]
+            print(f"call #{{call}} {{method}}(): {{key}} is {{shown[0]}}, eager {{shown[1]}}")
+            found += 1
+    return found
+
+
+{body}
+raise SystemExit(1 if differences else 0)
+'''

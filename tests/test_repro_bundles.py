@@ -1,0 +1,105 @@
+"""``--ptn-repro DIR``: a failing case's bundle replays its failure outside the run; a passing case has none.
+
+Cheap on purpose: the broken E1 reference variant on two small scenarios, one subprocess for ``repro.py``,
+and one small ``.pte`` lowering whose ``executorch.runtime`` snippet runs in this process.
+"""
+
+from __future__ import annotations
+
+import json
+import runpy
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from broken_backends import BindsByKey
+
+from pytest_ptn import upstream_noise
+from pytest_ptn.harness import Case
+from pytest_ptn.plugin import suite_path
+from pytest_ptn.programs.catalogue import BY_NAME
+from pytest_ptn.reporting import repro
+
+FAILING = "same_metadata_different_bytes"
+PASSING = "colliding_scalars"
+
+
+def run_script(path: Path) -> object:
+    """Run a script here as ``python path`` would (executorch's import-time warnings kept out of this
+    project's ``filterwarnings = error``); its exit status."""
+    with upstream_noise.contained(), pytest.raises(SystemExit) as exited:
+        runpy.run_path(str(path), run_name="__main__")
+    return exited.value.code
+
+
+def test_a_failing_case_bundle_replays_its_failure_in_a_fresh_folder(
+    pytester: pytest.Pytester, warm_torch: None
+) -> None:
+    result = pytester.runpytest_inprocess(
+        str(suite_path()),
+        "--ptn-backend=broken_backends:BindsByKey",
+        "-k",
+        f"test_each_method_matches_eager and ({FAILING}] or {PASSING}])",
+        "-p",
+        "no:cacheprovider",
+        repro.OPTION,
+        "bundles",
+    )
+    result.assert_outcomes(failed=1, passed=1)
+    bundles = sorted((pytester.path / "bundles").iterdir())
+    assert [b.name for b in bundles] == [f"broken_backends_BindsByKey-{FAILING}"]  # none for the passing case
+    bundle = bundles[0]
+    failure = (bundle / repro.FAILURE).read_text()
+    mismatch_lines = [line.strip() for line in failure.splitlines() if line.strip().startswith("call #")]
+    assert mismatch_lines and "it read method 'prefill''s 'weight'" in mismatch_lines[0]
+    assert json.loads((bundle / repro.MANIFEST).read_text())[repro.ARTIFACT] == {"path": "program.ptpkg"}
+    assert "def test_reproducer" in (bundle / repro.PROGRAM_TEST).read_text()
+
+    fresh = shutil.copytree(bundle, pytester.path / "elsewhere" / "bundle")
+    shutil.rmtree(bundle)  # nothing of the run is left to lean on
+    replay = subprocess.run(
+        [sys.executable, repro.REPRO_SCRIPT], cwd=fresh, capture_output=True, text=True, timeout=240
+    )
+    assert replay.returncode == 1, replay.stdout + replay.stderr
+    printed = [line.strip() for line in replay.stdout.splitlines()]
+    assert printed == ["outputs differ from eager:", *mismatch_lines], replay.stdout + replay.stderr
+
+    # repro.py loads the bundled file, not the new lowering it makes for the backend's in-memory part
+    case = Case(BindsByKey(), BY_NAME[FAILING], lambda name: pytester.path)
+    assert repro.bundled_lowered(case, fresh).path == fresh / repro.ARTIFACT / "program.ptpkg"
+
+
+def test_a_pte_bundle_carries_plain_runtime_calls(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], warm_torch: None
+) -> None:
+    """The snippet compares a mutated input, returned by the runtime as an extra output, with what eager
+    left in it: replayed untouched it finds nothing, and it reports a stored eager value made wrong."""
+    pytest.importorskip("executorch")
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from pytest_ptn.backends.pte import PteBackend
+
+    case = Case(PteBackend(), BY_NAME["input_mutation"], lambda name: tmp_path / "lowered")
+    (tmp_path / "lowered").mkdir()
+    (tmp_path / "bundles").mkdir()
+    case.lower()
+    written = repro.write_bundle(tmp_path / "bundles", "pte", case, {})
+    fresh = shutil.copytree(written, tmp_path / "elsewhere")
+    shutil.rmtree(tmp_path / "lowered")
+    snippet = fresh / repro.RUNTIME_SCRIPT
+    assert "Runtime.get().load_program" in snippet.read_text()
+
+    assert run_script(snippet) == 0, capsys.readouterr().out
+
+    calls = fresh / repro.CALLS
+    with safe_open(calls, "pt") as f:
+        metadata = f.metadata()
+    tensors = load_file(calls)
+    tensors["0/inputs_after/0"] += 1
+    save_file(tensors, calls, metadata=metadata)
+    capsys.readouterr()
+    assert run_script(snippet) == 1
+    assert capsys.readouterr().out.startswith("call #0 step(): 0/inputs_after/0 is ")

@@ -1,0 +1,135 @@
+"""A backend repository's own programs as conformance scenarios (the ``pytest_ptn_programs`` hook).
+
+The README's example conftest is the program under test, so the docs cannot rot. Runs select that program
+(``-k``) and a few rules (``-m``) on the reference backend and its broken variants: seconds, no executorch.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from pytest_ptn.programs.build import Program
+from pytest_ptn.programs.catalogue import BY_NAME
+from pytest_ptn.programs.exported import functionalize
+from pytest_ptn.programs.traits import derived_tags
+from pytest_ptn.programs.user import NamedProgram
+
+README = Path(__file__).parents[1] / "README.md"
+PROGRAM = "my_kv_model"
+
+
+def readme_conftest() -> str:
+    """The first python block of the README's hook subsection."""
+    text = README.read_text(encoding="utf-8")
+    section = text[text.index("### Your programs in the conformance matrix") :]
+    match = re.search(r"```python\n(.*?)```", section, re.S)
+    assert match is not None, "the README's hook subsection has no python example"
+    return match.group(1)
+
+
+def run_suite(pytester: pytest.Pytester, backend: str, *args: str) -> pytest.RunResult:
+    """The installed suite run from a folder holding the example conftest, as a backend repository runs it."""
+    pytester.makeconftest(readme_conftest())
+    return pytester.runpytest_inprocess(
+        f"--ptn-backend={backend}", "-k", PROGRAM, "-p", "no:cacheprovider", "-v", *args
+    )
+
+
+def test_readme_program_runs_e_s_p_tests_on_reference(pytester: pytest.Pytester, warm_torch: None) -> None:
+    result = run_suite(pytester, "reference", "-m", "E1 or E3 or E5 or S1 or S2 or S3 or P1 or P2")
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("passed", 0) == 8 and "failed" not in outcomes, outcomes
+    result.stdout.fnmatch_lines(
+        [
+            f"*test_each_method_matches_eager?reference-{PROGRAM}? PASSED*",
+            f"*test_shared_state_is_seen_by_every_method?reference-{PROGRAM}? PASSED*",
+            f"*test_immutable_constants_live_in_their_method_namespace?reference-{PROGRAM}? PASSED*",
+            f"*test_same_name_different_content_is_never_shared?reference-{PROGRAM}? PASSED*",
+            "*S3  total collision           1p",
+        ]
+    )
+
+
+@pytest.mark.parametrize(("rule", "variant"), [("E3", "StateCopiedPerMethod"), ("S2", "MetadataOnly")])
+def test_broken_variant_fails_on_the_program(
+    rule: str, variant: str, pytester: pytest.Pytester, warm_torch: None
+) -> None:
+    result = run_suite(pytester, f"broken_backends:{variant}", "-m", rule)
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed", 0) == 1 and "passed" not in outcomes, outcomes
+    result.stdout.fnmatch_lines([f"FAILED *{PROGRAM}*"])
+
+
+def test_expectation_file_can_name_the_program(pytester: pytest.Pytester, warm_torch: None) -> None:
+    known = pytester.path / "known.toml"
+    known.write_text(
+        f'backend = "broken-p1"\n[[xfail]]\nrule = "P1"\nscenario = "{PROGRAM}"\nreason = "r"\nlink = "l"\n'
+    )
+    result = run_suite(
+        pytester, "broken_backends:NotNamespaced", "-m", "P1", f"--ptn-expectations={known}", "-rx"
+    )
+    assert result.parseoutcomes() == {"xfailed": 1, "deselected": result.parseoutcomes()["deselected"]}
+
+
+def test_expectation_file_naming_no_program_is_an_error(pytester: pytest.Pytester) -> None:
+    known = pytester.path / "known.toml"
+    known.write_text(
+        'backend = "reference"\n[[xfail]]\nrule = "P1"\nscenario = "my_kv_modle"\nreason = "r"\n'
+    )
+    known.write_text(known.read_text() + 'link = "l"\n')
+    result = run_suite(pytester, "reference", f"--ptn-expectations={known}", "--collect-only")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*unknown scenario 'my_kv_modle'*"])
+
+
+def test_program_named_like_a_catalogue_scenario_is_an_error(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(
+        readme_conftest().replace(f'"{PROGRAM}"', '"kv_cache"'),
+    )
+    result = pytester.runpytest_inprocess("--ptn-backend=reference", "--collect-only")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*pytest_ptn_programs: program name 'kv_cache' is taken*"])
+
+
+@pytest.mark.parametrize("name", ["total_collision", "equal_bytes_state", "private_same_shape_buffers"])
+def test_derived_tags_include_the_catalogues(name: str) -> None:
+    scenario = BY_NAME[name]
+    assert scenario.tags <= derived_tags(functionalize(Program(scenario.spec).export()))
+
+
+class Scaled(torch.nn.Module):
+    def __init__(self, value: float):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.full((4,), value))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.weight
+
+
+def test_separately_built_modules_with_one_fqn_collide() -> None:
+    x = torch.ones(4)
+    program = NamedProgram(
+        "two", {"classify": Scaled(1.0), "regress": Scaled(2.0)}, {"classify": (x,), "regress": (x,)}
+    )
+    scenario, _ = program.scenario()
+    assert {"collision", "total_collision"} <= scenario.tags and "dedupe" not in scenario.tags
+    assert [call.outputs[0].tolist() for call in program.eager()] == [[1.0] * 4, [2.0] * 4]
+
+
+def test_exported_for_inference_whatever_the_grad_mode() -> None:
+    """A trainable parameter written beside a buffer in place fails a lowering in grad mode (issue 15)."""
+    program = NamedProgram("scaled", {"forward": Scaled(1.0)}, {"forward": (torch.ones(4),)})
+    assert torch.is_grad_enabled()
+    exported = program.export()["forward"]
+    assert not any(t.requires_grad for t in exported.state_dict.values())
+
+
+def test_other_values_keep_names_and_change_tensors() -> None:
+    program = NamedProgram("scaled", {"forward": Scaled(1.0)}, {"forward": (torch.ones(4),)})
+    other = program.with_other_values()
+    assert list(other.export()["forward"].state_dict) == ["weight"]
+    assert other.eager()[0].outputs[0].tolist() == [1.5] * 4
