@@ -159,12 +159,14 @@ def user_programs(config: pytest.Config) -> dict[str, NamedProgram]:
         raise pytest.UsageError(f"pytest_ptn_programs: {e}") from e
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_cmdline_main(config: pytest.Config) -> None:
+@pytest.hookimpl(wrapper=True)
+def pytest_cmdline_main(config: pytest.Config) -> Generator[None, object, object]:
     """A conformance run without ``-n`` goes to one xdist worker, so a backend that kills its process fails
     the test it was running instead of ending the run. ``-n 0`` (or ``-p no:xdist``, ``--pdb``) runs in
-    process."""
+    process. A wrapper, so it runs before xdist's own pytest_cmdline_main whatever order the two plugins
+    were registered in (``-p pytest_ptn.plugin`` registers this one first)."""
     workers.one_worker_by_default(config)
+    return (yield)
 
 
 @pytest.hookimpl(optionalhook=True)

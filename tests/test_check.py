@@ -165,3 +165,24 @@ def test_the_readme_example_runs() -> None:
 def test_a_finding_reads_as_one_line() -> None:
     finding = Finding("E2", Stage.LOWER, "lowering failed: ValueError: bad")
     assert str(finding) == "E2: lowering failed: ValueError: bad"
+
+
+class Dropped(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.drop = torch.nn.Dropout(0.5)
+        self.register_buffer("scale", torch.full((16,), 2.0))
+
+    def prefill(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(x) * self.scale
+
+    def decode(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(x) + self.scale
+
+
+def test_a_model_in_training_mode_is_checked_as_lowered_for_inference() -> None:
+    """Dropout in training mode makes eager random: the program is checked as deployed (eval mode)."""
+    model = Dropped().train()
+    x = torch.ones(16)
+    assert not check_program(model, {"prefill": (x,), "decode": (x,)}, backend="reference")
+    assert model.training  # the caller's model is untouched

@@ -109,6 +109,27 @@ def test_abort_under_xdist_fails_the_running_tests_and_the_run_goes_on(crashing:
     assert "MUST: all pass" not in (crashing.path / "report" / "summary.md").read_text()
 
 
+def test_a_plugin_loaded_with_dash_p_still_isolates(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``-p pytest_ptn.plugin`` (the nightly job's source checkout) registers the plugin before xdist: the
+    one-worker default must not depend on that order."""
+    monkeypatch.delenv("PYTEST_ADDOPTS")
+    result = pytester.runpytest_subprocess(
+        "-p",
+        "no:ptn",
+        "-p",
+        "pytest_ptn.plugin",
+        "--ptn-backend=reference",
+        "-k",
+        "single_method and each_method",
+        "-p",
+        "no:cacheprovider",
+    )
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+    result.stdout.fnmatch_lines(["*crash isolation on*", "created: 1/1 worker*"])
+
+
 def test_in_process_run_says_a_crash_ends_it(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest_inprocess("--ptn-backend=reference", "--co", "-p", "no:cacheprovider")
     result.stdout.fnmatch_lines(["*crash isolation off*"])

@@ -133,3 +133,11 @@ def test_other_values_keep_names_and_change_tensors() -> None:
     other = program.with_other_values()
     assert list(other.export()["forward"].state_dict) == ["weight"]
     assert other.eager()[0].outputs[0].tolist() == [1.5] * 4
+
+
+def test_a_program_runs_as_lowered_for_inference() -> None:
+    """A model handed over in training mode runs eagerly in eval mode: dropout would make eager random."""
+    model = torch.nn.Sequential(torch.nn.Dropout(0.5)).train()
+    program = NamedProgram("dropped", {"forward": model}, {"forward": (torch.ones(64),)})
+    assert program.eager()[0].outputs[0].equal(torch.ones(64))
+    assert model.training  # the host's model is untouched

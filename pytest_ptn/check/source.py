@@ -65,6 +65,9 @@ class UserProgram:
             raise ValueError(f"the program has methods {sorted(source)}, the inputs name {sorted(methods)}")
         self.methods = dict(methods)
         self._source = copy.deepcopy(source)
+        for module in [self._source] if isinstance(self._source, torch.nn.Module) else self._source.values():
+            if isinstance(module, torch.nn.Module):
+                module.eval()  # lowered for inference: no dropout, batch-norm running statistics
         self._inspected: dict[str, torch.export.ExportedProgram] | None = None
 
     @property

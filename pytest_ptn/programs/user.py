@@ -52,7 +52,7 @@ class NamedProgram:
     once with its example inputs.
 
     Every export and eager run starts from a new deep copy of ``model`` (a plain callable is not copied),
-    made for inference: no parameter requires grad, as when a model is lowered for deployment.
+    made for inference: in eval mode, no parameter requiring grad, as when a model is lowered for deployment.
     """
 
     name: str
@@ -129,6 +129,8 @@ class NamedProgram:
             if isinstance(model, nn.Module)
             else [m for m in model.values() if isinstance(m, nn.Module)]
         )
+        for root in roots:
+            root.eval()  # lowered for inference: no dropout, batch-norm running statistics
         tensors = {id(t): t for root in roots for t in [*root.parameters(), *root.buffers()]}
         with torch.no_grad():
             for t in tensors.values():
