@@ -7,30 +7,12 @@ import concurrent.futures
 import pytest
 
 from pytest_ptn.backend import Loaded
+from pytest_ptn.check.storage import partition, topology
 from pytest_ptn.harness import Case, fail_on
 from pytest_ptn.programs.exported import (
-    constants_of,
     immutable_by_content,
-    mutable_keys,
     unique_immutable_bytes,
 )
-
-
-def _topology(loaded: Loaded, programs: dict) -> dict[tuple[str, str], int]:
-    mutable = mutable_keys(programs)
-    return {
-        (method, key): loaded.storage(method, key)
-        for method, ep in programs.items()
-        for key in constants_of(ep)
-        if key not in mutable
-    }
-
-
-def _partition(topology: dict[tuple[str, str], int]) -> set[frozenset[tuple[str, str]]]:
-    groups: dict[int, set[tuple[str, str]]] = {}
-    for pair, storage in topology.items():
-        groups.setdefault(storage, set()).add(pair)
-    return {frozenset(g) for g in groups.values()}
 
 
 def _shared_differing(topology: dict[tuple[str, str], int], programs: dict) -> list[str]:
@@ -57,12 +39,12 @@ def _load_all(case: Case, order: list[str] | None = None) -> Loaded:
 @pytest.mark.ptn_scenarios("dedupe")
 def test_identical_constants_share_one_allocation(ptn_case: Case) -> None:
     programs = ptn_case.exported()
-    topology = _topology(_load_all(ptn_case), programs)
+    storages = topology(_load_all(ptn_case), programs)
     wrong = []
     for pairs in immutable_by_content(programs).values():
-        storages = {topology[p] for p in pairs}
-        if len({m for m, _ in pairs}) > 1 and len(storages) > 1:
-            wrong.append(f"identical constants {pairs} occupy {len(storages)} allocations")
+        used = {storages[p] for p in pairs}
+        if len({m for m, _ in pairs}) > 1 and len(used) > 1:
+            wrong.append(f"identical constants {pairs} occupy {len(used)} allocations")
     assert not wrong, "\n".join(wrong)
 
 
@@ -70,7 +52,7 @@ def test_identical_constants_share_one_allocation(ptn_case: Case) -> None:
 @pytest.mark.ptn_scenarios("collision")
 def test_same_name_different_content_is_never_shared(ptn_case: Case) -> None:
     programs = ptn_case.exported()
-    wrong = _shared_differing(_topology(_load_all(ptn_case), programs), programs)
+    wrong = _shared_differing(topology(_load_all(ptn_case), programs), programs)
     assert not wrong, "\n".join(wrong)
     fail_on(ptn_case.run_sequence(ptn_case.load()), "outputs differ from eager")
 
@@ -80,7 +62,7 @@ def test_same_name_different_content_is_never_shared(ptn_case: Case) -> None:
 def test_later_method_with_every_name_cached_is_still_checked(ptn_case: Case) -> None:
     programs = ptn_case.exported()
     loaded = _load_all(ptn_case)
-    wrong = _shared_differing(_topology(loaded, programs), programs)
+    wrong = _shared_differing(topology(loaded, programs), programs)
     assert not wrong, "\n".join(wrong)
     fail_on(ptn_case.run_sequence(loaded), "outputs differ from eager after loading every method")
 
@@ -111,7 +93,7 @@ def test_load_order_does_not_matter(ptn_case: Case) -> None:
     programs = ptn_case.exported()
     names = list(ptn_case.program.method_names)
     forward, backward = _load_all(ptn_case, names), _load_all(ptn_case, names[::-1])
-    assert _partition(_topology(forward, programs)) == _partition(_topology(backward, programs)), (
+    assert partition(topology(forward, programs)) == partition(topology(backward, programs)), (
         "sharing topology depends on the order methods load in"
     )
     fail_on(ptn_case.run_sequence(backward), "outputs differ from eager when methods load in reverse order")
@@ -137,9 +119,9 @@ def test_sharing_check_costs_no_memory(ptn_case: Case) -> None:
 @pytest.mark.ptn_scenarios("dedupe")
 def test_concurrent_loads_give_the_same_topology(ptn_case: Case) -> None:
     programs = ptn_case.exported()
-    sequential = _partition(_topology(_load_all(ptn_case), programs))
+    sequential = partition(topology(_load_all(ptn_case), programs))
     backend = type(ptn_case.backend)()  # empty caches, so the threads race to fill them
     loaded = backend.load(ptn_case.lower())
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(programs)) as pool:
         list(pool.map(loaded.load_method, list(programs)))
-    assert _partition(_topology(loaded, programs)) == sequential, "threads change the sharing topology"
+    assert partition(topology(loaded, programs)) == sequential, "threads change the sharing topology"
