@@ -2,30 +2,21 @@
 
 from __future__ import annotations
 
-import concurrent.futures
-
 import pytest
 
 from pytest_ptn.backend import Loaded
-from pytest_ptn.check.storage import partition, topology
+from pytest_ptn.check.storage import (
+    concurrent_partition,
+    partition,
+    shared_differing_findings,
+    split_identical_findings,
+    topology,
+)
 from pytest_ptn.harness import Case, fail_on
 from pytest_ptn.programs.exported import (
     immutable_by_content,
     unique_immutable_bytes,
 )
-
-
-def _shared_differing(topology: dict[tuple[str, str], int], programs: dict) -> list[str]:
-    content = {pair: c for c, pairs in immutable_by_content(programs).items() for pair in pairs}
-    wrong = []
-    by_storage: dict[int, tuple[str, str]] = {}
-    for pair, storage in sorted(topology.items()):
-        other = by_storage.setdefault(storage, pair)
-        if other != pair and content[other] != content[pair]:
-            wrong.append(
-                f"{pair[0]}:{pair[1]!r} shares storage with {other[0]}:{other[1]!r} but holds other bytes"
-            )
-    return wrong
 
 
 def _load_all(case: Case, order: list[str] | None = None) -> Loaded:
@@ -40,11 +31,7 @@ def _load_all(case: Case, order: list[str] | None = None) -> Loaded:
 def test_identical_constants_share_one_allocation(ptn_case: Case) -> None:
     programs = ptn_case.exported()
     storages = topology(_load_all(ptn_case), programs)
-    wrong = []
-    for pairs in immutable_by_content(programs).values():
-        used = {storages[p] for p in pairs}
-        if len({m for m, _ in pairs}) > 1 and len(used) > 1:
-            wrong.append(f"identical constants {pairs} occupy {len(used)} allocations")
+    wrong = [str(f) for f in split_identical_findings(storages, immutable_by_content(programs))]
     assert not wrong, "\n".join(wrong)
 
 
@@ -52,7 +39,8 @@ def test_identical_constants_share_one_allocation(ptn_case: Case) -> None:
 @pytest.mark.ptn_scenarios("collision")
 def test_same_name_different_content_is_never_shared(ptn_case: Case) -> None:
     programs = ptn_case.exported()
-    wrong = _shared_differing(topology(_load_all(ptn_case), programs), programs)
+    storages = topology(_load_all(ptn_case), programs)
+    wrong = [str(f) for f in shared_differing_findings(storages, immutable_by_content(programs))]
     assert not wrong, "\n".join(wrong)
     fail_on(ptn_case.run_sequence(ptn_case.load()), "outputs differ from eager")
 
@@ -62,7 +50,8 @@ def test_same_name_different_content_is_never_shared(ptn_case: Case) -> None:
 def test_later_method_with_every_name_cached_is_still_checked(ptn_case: Case) -> None:
     programs = ptn_case.exported()
     loaded = _load_all(ptn_case)
-    wrong = _shared_differing(topology(loaded, programs), programs)
+    storages = topology(loaded, programs)
+    wrong = [str(f) for f in shared_differing_findings(storages, immutable_by_content(programs))]
     assert not wrong, "\n".join(wrong)
     fail_on(ptn_case.run_sequence(loaded), "outputs differ from eager after loading every method")
 
@@ -120,8 +109,5 @@ def test_sharing_check_costs_no_memory(ptn_case: Case) -> None:
 def test_concurrent_loads_give_the_same_topology(ptn_case: Case) -> None:
     programs = ptn_case.exported()
     sequential = partition(topology(_load_all(ptn_case), programs))
-    backend = type(ptn_case.backend)()  # empty caches, so the threads race to fill them
-    loaded = backend.load(ptn_case.lower())
-    with concurrent.futures.ThreadPoolExecutor(max_workers=len(programs)) as pool:
-        list(pool.map(loaded.load_method, list(programs)))
-    assert partition(topology(loaded, programs)) == sequential, "threads change the sharing topology"
+    concurrent = concurrent_partition(ptn_case.backend, ptn_case.lower(), programs)
+    assert concurrent == sequential, "threads change the sharing topology"

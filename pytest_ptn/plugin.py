@@ -25,6 +25,7 @@ from pytest_ptn.ruleset import (
     RULES,
     SHOULD,
     SPEC_VERSION,
+    WAITS_FOR_CLOCK,
     is_strict_xpass,
     not_applicable,
     should_not_met,
@@ -233,6 +234,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     workerinput = getattr(config, "workerinput", None)
     if workerinput and workerinput.get("ptn_by_case"):  # see Xdist.pytest_xdist_make_scheduler
         items.sort(key=lambda item: _callspec_param(item, "ptn_scenario") is not None)
+    items.sort(key=lambda item: not WAITS_FOR_CLOCK.isdisjoint(rules_of(item)))
     for item in items:
         rules = rules_of(item)
         if not rules:

@@ -98,6 +98,10 @@ RULE_CONDITIONS: dict[str, tuple[Capability, str]] = {
 """Rules that apply without a capability but then only case by case (conformance/test_rejection.py): the
 capability that makes them apply always, and the condition that holds without it."""
 
+WAITS_FOR_CLOCK = frozenset({"P9"})
+"""Rules whose test lowers again once the zip clock has moved past the case's first package: they run last
+in their case, when the other tests have usually spent that time already."""
+
 
 def rules_shown(backend: type[Backend]) -> dict[str, str]:
     """The rules a backend class can show, in spec order, each with the condition its tests apply under

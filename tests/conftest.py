@@ -33,5 +33,8 @@ def in_process_runs(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPa
     tests (test_crash_isolation.py), and a worker per run would only make every other plugin test slower.
     """
     if "pytester" in request.fixturenames:
+        # A run in this process drops the modules it imported: torch's, imported half by a first run and
+        # dropped, made later lowerings fail ("SystemError: ... bad call flags") or crash the worker.
+        request.getfixturevalue("warm_torch")
         request.getfixturevalue("pytester")  # it clears PYTEST_ADDOPTS when it starts
         monkeypatch.setenv("PYTEST_ADDOPTS", "-n 0")

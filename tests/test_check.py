@@ -7,12 +7,23 @@ from pathlib import Path
 
 import pytest
 import torch
-from broken_backends import BindsByKey, MetadataOnly, NoDedupe, NoSharing, NotNamespaced, StateCopiedPerMethod
+from broken_backends import (
+    BindsByKey,
+    FirstStateWins,
+    MetadataOnly,
+    NoDedupe,
+    NoSharing,
+    NotNamespaced,
+    StateCopiedPerMethod,
+    ThreadUnsafe,
+    VagueErrors,
+)
+from separate_modules import Cache
 
-from pytest_ptn.backend import Availability, BackendError, BackendNotFound
+from pytest_ptn.backend import Availability, BackendError, BackendNotFound, Capability
 from pytest_ptn.backends.reference import ReferenceBackend
 from pytest_ptn.check import Finding, Stage, check_program
-from pytest_ptn.check.source import MethodOf
+from pytest_ptn.programs.source import method_view
 
 README = Path(__file__).parent.parent / "README.md"
 
@@ -93,6 +104,7 @@ def test_a_name_sharing_loader_is_found_with_numbers_and_whose_constant_it_read(
         (NoDedupe, "P4"),
         (NoSharing, "S1"),
         (MetadataOnly, "S2"),
+        (ThreadUnsafe, "S7"),
     ],
 )
 def test_rules_beyond_e1_are_checked_where_the_backend_shows_them(variant: type, rule: str) -> None:
@@ -115,23 +127,62 @@ def test_separately_built_modules_with_one_fqn_are_checked() -> None:
     assert check_program(heads, HEADS_METHODS) == []
     findings = check_program(heads, HEADS_METHODS, backend=BindsByKey())
     assert any(
-        f.rule == "E1"
-        and f.method == "regress"
-        and "method 'classify''s 'model.weight'" in (f.explanation or "")
+        f.rule == "E1" and f.method == "regress" and "method 'classify''s 'weight'" in (f.explanation or "")
         for f in findings
     ), [str(f) for f in findings]
+
+
+def test_bound_methods_of_one_module_are_one_program() -> None:
+    """Methods given as bound methods keep their module's FQNs and state: ``cache`` is one buffer."""
+    model = PrefillDecode()
+    assert check_program({"prefill": model.prefill, "decode": model.decode}, METHODS, CALLS) == []
+    assert model.cache.equal(torch.zeros(4))  # the caller's module is untouched
 
 
 def test_exported_programs_are_checked_against_their_own_modules() -> None:
     with torch.no_grad():
         model = PrefillDecode()
         exported = {
-            name: torch.export.export(MethodOf(model, name), args, strict=False)
+            name: torch.export.export(method_view(model, name), args, strict=False)
             for name, args in METHODS.items()
         }
     assert check_program(exported, METHODS, CALLS) == []
     findings = check_program(exported, METHODS, CALLS, backend=BindsByKey())
     assert any(f.rule == "E1" and f.method == "decode" for f in findings), [str(f) for f in findings]
+
+
+CACHE_METHODS = {"prefill": (torch.ones(4),), "decode": (torch.ones(4),)}
+CACHE_CALLS = [("prefill", (torch.ones(4),)), ("decode", (torch.ones(4),))] * 2
+
+
+def test_separately_built_modules_share_a_same_named_buffer_one_method_writes() -> None:
+    """One ``state/cache`` across methods, as the rules define the program (E3, P2): eager ties the two
+    modules' buffers, so decode sees prefill's writes there too."""
+    program = {"prefill": Cache(0.0, writes=True), "decode": Cache(0.0, writes=False)}
+    assert check_program(program, CACHE_METHODS, CACHE_CALLS) == []
+    assert program["decode"].cache.equal(torch.zeros(4))  # the caller's modules are untouched
+
+
+class AcceptsConflicts(FirstStateWins):
+    """Lowers a P7 program and has no package view: not held to P7."""
+
+    name = "accepts-conflicts"
+    capabilities = ReferenceBackend.capabilities - {Capability.PACKAGE}
+
+
+@pytest.mark.parametrize(
+    ("backend", "rules"),
+    [(ReferenceBackend, set()), (FirstStateWins, {"P7"}), (VagueErrors, {"X1"}), (AcceptsConflicts, set())],
+)
+def test_a_same_named_buffer_starting_from_other_values_is_a_state_conflict(
+    backend: type[ReferenceBackend], rules: set[str]
+) -> None:
+    """Methods built separately whose ``cache`` starts at 0 and at 1: a program the rules reject (P7), checked
+    for its rejection as the conformance suite checks the P7 scenario, never as an E2 of a valid program."""
+    program = {"prefill": Cache(0.0, writes=True), "decode": Cache(1.0, writes=False)}
+    findings = check_program(program, CACHE_METHODS, CACHE_CALLS, backend=backend())
+    assert {f.rule for f in findings} == rules, [str(f) for f in findings]
+    assert all("'cache'" in str(f) and "'prefill'" in str(f) and "'decode'" in str(f) for f in findings)
 
 
 class Unavailable(ReferenceBackend):

@@ -485,6 +485,31 @@ def test_xdist_runs_each_case_on_one_worker(
     assert all(len(pids) == 1 for pids in workers.values()), workers
 
 
+@pytest.mark.parametrize("args", [[], ["-n", "0"]], ids=["one-worker", "in-process"])
+def test_tests_that_wait_for_the_clock_run_after_every_case(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, args: list[str]
+) -> None:
+    """Without -n, P9's tests (a second lowering once the zip clock has moved past the first package) run
+    last: the packages they compare with are then seconds old, so they wait for nothing."""
+    monkeypatch.delenv("PYTEST_ADDOPTS")  # the default, one worker
+    result = pytester.runpytest_subprocess(
+        "--ptn-backend=reference",
+        "-k",
+        "single_method or colliding_literals",
+        "-v",
+        "-p",
+        "no:cacheprovider",
+        *args,
+    )
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+    done = [
+        re.sub(r".*?(test_\w+\.py::\S+).*", r"\1", line) for line in result.stdout.lines if " PASSED" in line
+    ]
+    clock = [i for i, nodeid in enumerate(done) if "test_lowering_twice_gives_identical_packages" in nodeid]
+    assert len(clock) == 2 and len(done) > 10, done
+    assert clock == [len(done) - 2, len(done) - 1], done
+
+
 @pytest.mark.parametrize(
     ("nodeid", "case"),
     [

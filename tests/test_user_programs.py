@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from separate_modules import Cache
 
 from pytest_ptn.programs.build import Program
 from pytest_ptn.programs.catalogue import BY_NAME
 from pytest_ptn.programs.exported import functionalize
 from pytest_ptn.programs.traits import derived_tags
-from pytest_ptn.programs.user import NamedProgram
+from pytest_ptn.programs.user import NamedProgram, NamedProgramError
 
 README = Path(__file__).parents[1] / "README.md"
 PROGRAM = "my_kv_model"
@@ -141,3 +142,85 @@ def test_a_program_runs_as_lowered_for_inference() -> None:
     program = NamedProgram("dropped", {"forward": model}, {"forward": (torch.ones(64),)})
     assert program.eager()[0].outputs[0].equal(torch.ones(64))
     assert model.training  # the host's model is untouched
+
+
+def test_separately_built_modules_share_a_same_named_buffer_one_method_writes() -> None:
+    """One state per FQN in a program (E3, P2): decode's ``cache`` is the one prefill writes."""
+    x = torch.ones(4)
+    program = NamedProgram(
+        "tied",
+        {"prefill": Cache(0.0, writes=True), "decode": Cache(0.0, writes=False)},
+        {"prefill": (x,), "decode": (x,)},
+        calls=[("prefill", (x,)), ("decode", (x,))],
+    )
+    assert [call.outputs[0].tolist() for call in program.eager()] == [[2.0] * 4, [2.0] * 4]
+    assert program.eager()[-1].state_after["cache"].tolist() == [1.0] * 4
+    assert "shared_state" in program.scenario()[0].tags
+
+
+def test_a_same_named_buffer_starting_from_other_values_is_refused() -> None:
+    """A state conflict (P7) is a program the rules reject: it cannot be a valid-program scenario."""
+    x = torch.ones(4)
+    program = NamedProgram(
+        "conflicting",
+        {"prefill": Cache(0.0, writes=True), "decode": Cache(1.0, writes=False)},
+        {"prefill": (x,), "decode": (x,)},
+    )
+    refusal = r"ptn program 'conflicting': mutable key 'cache' differs between methods 'prefill' and 'decode'"
+    with pytest.raises(NamedProgramError, match=refusal + r".*\(P7\)"):
+        program.scenario()
+    with pytest.raises(NamedProgramError, match=refusal):
+        program.eager()
+
+
+CONFLICTING_CONFTEST = """
+import torch
+
+from pytest_ptn.programs.user import NamedProgram
+
+
+class Cache(torch.nn.Module):
+    def __init__(self, start):
+        super().__init__()
+        self.register_buffer("cache", torch.full((4,), start))
+
+    def forward(self, x):
+        self.cache.add_(x)
+        return x + self.cache
+
+
+def pytest_ptn_programs(config):
+    x = torch.ones(4)
+    model = {"prefill": Cache(0.0), "decode": Cache(1.0)}
+    return [NamedProgram("conflicting", model, {"prefill": (x,), "decode": (x,)})]
+"""
+
+
+def test_a_run_given_a_conflicting_program_stops_naming_it(
+    pytester: pytest.Pytester, warm_torch: None
+) -> None:
+    pytester.makeconftest(CONFLICTING_CONFTEST)
+    result = pytester.runpytest_inprocess(
+        "--ptn-backend=reference", "-p", "no:cacheprovider", "--collect-only"
+    )
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.stdout.fnmatch_lines(
+        ["*NamedProgramError: ptn program 'conflicting': mutable key 'cache' differs between methods*(P7)*"]
+    )
+
+
+def test_exported_programs_are_a_program() -> None:
+    """A mapping of method name -> ExportedProgram, eager truth from ``ep.module()`` of a fresh copy."""
+    x = torch.ones(4)
+    exported = {
+        name: torch.export.export(Scaled(value), (x,), strict=False)
+        for name, value in [("classify", 1.0), ("regress", 2.0)]
+    }
+    program = NamedProgram("exported", exported, {"classify": (x,), "regress": (x,)})
+    scenario, _ = program.scenario()
+    assert {"collision", "total_collision"} <= scenario.tags
+    assert [call.outputs[0].tolist() for call in program.eager()] == [[1.0] * 4, [2.0] * 4]
+    other = program.with_other_values()
+    assert [call.outputs[0].tolist() for call in other.eager()] == [[1.5] * 4, [2.5] * 4]
+    assert list(program.export()["classify"].state_dict) == ["weight"]
+    assert exported["classify"].state_dict["weight"].tolist() == [1.0] * 4  # the host's programs untouched

@@ -5,12 +5,17 @@
     findings = check_program(model, {"prefill": (tokens,), "decode": (token,)}, backend="native")
     assert not findings, "\\n".join(map(str, findings))
 
-The program is exported and run the way users lower for inference (under ``torch.no_grad()``, whatever the
-caller's grad mode), freshly for the lowering, and an untouched copy runs eagerly for the expected values.
-Findings (``pytest_ptn.check.findings.Finding``) name the rule and step: E2 (lowering or loading failed),
-E1 (a call differs from eager, with the numbers and, where one faulty binding accounts for it, whose data it
-read), and where the backend can show them E3-E5 (state view), P1-P5 (package view), S1-S3 and S5 (storage
-view). X1 does not apply: a valid program is never to be rejected.
+The program is exported and run the way users lower for inference (pytest_ptn.programs.source: eval mode,
+under ``torch.no_grad()`` whatever the caller's grad mode), freshly for the lowering, and an untouched copy
+runs eagerly for the expected values. Findings (``pytest_ptn.check.findings.Finding``) name the rule and
+step: E2 (lowering or loading failed), E1 (a call differs from eager, with the numbers and, where one faulty
+binding accounts for it, whose data it read), and where the backend can show them E3-E5 (state view), P1-P5
+(package view), S1-S3, S5 and S7 (storage view).
+
+A program the rules reject, methods built separately that start a same-named mutated buffer from different
+values (P7), is checked as the conformance suite checks its P7 scenario: a backend with a package must reject
+it at lowering (else P7), and a rejection must name the key and both methods (X1); a backend without a package
+is not held to P7. Nothing else is checked on it: eager has no one value for that buffer.
 """
 
 from __future__ import annotations
@@ -32,7 +37,8 @@ from pytest_ptn.backend import (
     resolve_backend,
 )
 from pytest_ptn.check.findings import Difference, Finding, Stage
-from pytest_ptn.check.source import Source, UserProgram
+from pytest_ptn.programs.source import Source, UserProgram
+from pytest_ptn.reference.planner import StateConflictError
 
 __all__ = ["Difference", "Finding", "Stage", "check_program"]
 
@@ -59,8 +65,9 @@ def check_program(
     """Lower ``program``'s ``methods`` (name -> example inputs) through ``backend`` and check it; [] if clean.
 
     ``program`` is an ``nn.Module`` with those methods, or a mapping of method name -> ``nn.Module`` (its
-    forward), callable or ``ExportedProgram``. ``calls`` is the call sequence (method, inputs); by default
-    each method once with its example inputs. A backend that cannot run here raises BackendError."""
+    forward), callable or ``ExportedProgram``; findings name its tensors by its own FQNs. ``calls`` is the
+    call sequence (method, inputs); by default each method once with its example inputs. A backend that
+    cannot run here raises BackendError; a program in none of those forms, ProgramFormError."""
     import torch
 
     usable = usable_backend(backend)
@@ -74,9 +81,11 @@ def _check(backend: Backend, program: UserProgram, sequence: list, workdir: Path
     from pytest_ptn.check.execution import run_calls
     from pytest_ptn.check.explain import explain
     from pytest_ptn.check.package import package_findings
-    from pytest_ptn.check.storage import partition, storage_findings, topology
+    from pytest_ptn.check.storage import concurrent_partition, partition, storage_findings, topology
     from pytest_ptn.programs.exported import constants_of, mutable_keys
 
+    if program.conflict is not None:
+        return _rejection(backend, program, program.conflict, workdir)
     try:
         lowered = backend.lower(program.export(), workdir)
     except Exception as e:
@@ -107,7 +116,34 @@ def _check(backend: Backend, program: UserProgram, sequence: list, workdir: Path
             findings.append(
                 Finding("S5", Stage.STORAGE, "the sharing topology depends on the order methods load in")
             )
+        if partition(storages) != concurrent_partition(backend, lowered, inspected):
+            findings.append(
+                Finding(
+                    "S7",
+                    Stage.STORAGE,
+                    "loading the methods from several threads at once changes the sharing topology",
+                )
+            )
     return findings
+
+
+def _rejection(
+    backend: Backend, program: UserProgram, conflict: StateConflictError, workdir: Path
+) -> list[Finding]:
+    """A program with a P7 state conflict, as conformance/test_rejection.py checks its P7 scenario: rejected
+    at lowering by a backend with a package (P7), every rejection naming the key and both methods (X1)."""
+    programs = program.export()
+    try:
+        backend.lower(programs, workdir)
+    except Exception as e:
+        missing = [name for name in (*conflict.keys, *conflict.methods) if name not in str(e)]
+        if missing:
+            detail = f"the rejection {one_line(e)} does not name {missing} ({conflict})"
+            return [Finding("X1", Stage.LOWER, detail)]
+        return []
+    if Capability.PACKAGE in backend.capabilities:
+        return [Finding("P7", Stage.LOWER, f"lowering accepted a program the rules reject: {conflict}")]
+    return []
 
 
 def _load_reversed(backend: Backend, lowered: Lowered, program: UserProgram) -> Loaded:

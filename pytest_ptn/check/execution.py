@@ -10,7 +10,7 @@ import torch
 
 from pytest_ptn.backend import Loaded, one_line
 from pytest_ptn.check.findings import Difference, Finding, Stage
-from pytest_ptn.check.source import find_tensor
+from pytest_ptn.programs.source import find_tensor
 
 Call = tuple[str, tuple[Any, ...]]
 

@@ -1,4 +1,4 @@
-"""P1-P5 on the user's program, read from the backend's package view."""
+"""P1-P5 on a program's package view: check_program's findings, and the conformance P tests' verdicts."""
 
 from __future__ import annotations
 
@@ -9,8 +9,23 @@ from pytest_ptn.programs.exported import constants_of, mutable_keys, unique_immu
 
 def package_findings(view: PackageView, programs: dict) -> list[Finding]:
     """Namespaces (P1, P2), references (P3), dedupe (P4) and state never aliased (P5)."""
+    return [
+        *namespace_findings(view, programs),
+        *reference_findings(view),
+        *dedupe_findings(view, programs),
+        *state_alias_findings(view),
+    ]
+
+
+def namespace_findings(view: PackageView, programs: dict) -> list[Finding]:
+    """Every immutable key of a method bound to ``method/key`` (P1); every mutated key stored once as
+    ``state/key`` and bound to it by every method that binds it (P2)."""
     mutable = mutable_keys(programs)
-    findings = []
+    findings = [
+        Finding("P2", Stage.PACKAGE, f"mutable key {key!r} has no stored state entry 'state/{key}'")
+        for key in sorted(mutable)
+        if f"state/{key}" not in view.state_keys or f"state/{key}" not in view.entries
+    ]
     for method, ep in programs.items():
         for key in constants_of(ep):
             want = f"state/{key}" if key in mutable else f"{method}/{key}"
@@ -20,7 +35,13 @@ def package_findings(view: PackageView, programs: dict) -> list[Finding]:
                 findings.append(
                     Finding(rule, Stage.PACKAGE, f"key {key!r} is stored as {got!r}, not {want!r}", method)
                 )
+    return findings
+
+
+def reference_findings(view: PackageView) -> list[Finding]:
+    """P3: every reference names a namespaced key that has data, and every stored entry is referenced."""
     stored = set(view.entries) | set(view.aliases)
+    findings = []
     referenced = set()
     for ref in view.references:
         referenced.add(ref.name)
@@ -37,20 +58,24 @@ def package_findings(view: PackageView, programs: dict) -> list[Finding]:
         Finding("P3", Stage.PACKAGE, f"stored entry {name!r} is referenced by no method")
         for name in sorted(stored - referenced)
     ]
+    return findings
+
+
+def dedupe_findings(view: PackageView, programs: dict) -> list[Finding]:
+    """P4: the package stores the unique immutable bytes plus the state bytes, nothing more."""
     unique = unique_immutable_bytes(programs)
     state = sum(view.entries[k].nbytes for k in view.state_keys if k in view.entries)
     total = sum(e.nbytes for e in view.entries.values())
-    if total != unique + state:
-        findings.append(
-            Finding(
-                "P4",
-                Stage.PACKAGE,
-                f"the package stores {total} bytes, not the unique immutable {unique} + state {state}",
-            )
-        )
-    findings += [
+    if total == unique + state:
+        return []
+    detail = f"the package stores {total} bytes, not the unique immutable {unique} + state {state}"
+    return [Finding("P4", Stage.PACKAGE, detail)]
+
+
+def state_alias_findings(view: PackageView) -> list[Finding]:
+    """P5: no state entry is an alias or aliased."""
+    return [
         Finding("P5", Stage.PACKAGE, f"state entry aliased: {alias!r} -> {owner!r}")
         for alias, owner in view.aliases.items()
         if alias in view.state_keys or owner in view.state_keys
     ]
-    return findings

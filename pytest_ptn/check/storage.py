@@ -1,12 +1,17 @@
-"""S1, S2/S3 and S5 on the user's program, read from the loader's storage view."""
+"""S1-S3, S5 and S7 on a program's storage view: check_program's findings, and the conformance S tests'
+verdicts."""
 
 from __future__ import annotations
 
-from pytest_ptn.backend import Loaded
+import concurrent.futures
+
+from pytest_ptn.backend import Backend, Loaded, Lowered
 from pytest_ptn.check.findings import Finding, Stage
 from pytest_ptn.programs.exported import constants_of, immutable_by_content, mutable_keys
 
 Pair = tuple[str, str]
+Groups = dict[tuple[str, str], list[Pair]]
+"""(dtype and shape, digest) -> the (method, key) pairs holding that tensor: immutable_by_content."""
 
 
 def topology(loaded: Loaded, programs: dict) -> dict[Pair, int]:
@@ -27,11 +32,22 @@ def partition(storages: dict[Pair, int]) -> set[frozenset[Pair]]:
     return {frozenset(g) for g in groups.values()}
 
 
+def concurrent_partition(backend: Backend, lowered: Lowered, programs: dict) -> set[frozenset[Pair]]:
+    """S7: the sharing topology when every method of ``lowered`` loads at once, each from its own thread, in
+    a new instance of ``backend`` (empty caches, so the threads race to fill them)."""
+    loaded = type(backend)().load(lowered)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(programs)) as pool:
+        list(pool.map(loaded.load_method, list(programs)))
+    return partition(topology(loaded, programs))
+
+
 def storage_findings(storages: dict[Pair, int], programs: dict) -> list[Finding]:
-    """Identical constants of several methods in one allocation (S1), and never different ones (S2; S3 when
-    every immutable name of the later method was already loaded by earlier ones)."""
     groups = immutable_by_content(programs)
-    content = {pair: c for c, pairs in groups.items() for pair in pairs}
+    return [*split_identical_findings(storages, groups), *shared_differing_findings(storages, groups)]
+
+
+def split_identical_findings(storages: dict[Pair, int], groups: Groups) -> list[Finding]:
+    """S1: identical constants of several methods in one allocation (``groups``: immutable_by_content)."""
     findings = []
     for pairs in groups.values():
         allocations = {storages[p] for p in pairs}
@@ -41,13 +57,21 @@ def storage_findings(storages: dict[Pair, int], programs: dict) -> list[Finding]
                     "S1", Stage.STORAGE, f"identical constants {pairs} occupy {len(allocations)} allocations"
                 )
             )
+    return findings
+
+
+def shared_differing_findings(storages: dict[Pair, int], groups: Groups) -> list[Finding]:
+    """Different constants never in one allocation (``groups``: immutable_by_content): S2, or S3 when every
+    immutable name of the later method (``storages`` in load order) was already loaded by earlier ones."""
+    content = {pair: c for c, pairs in groups.items() for pair in pairs}
     earlier: set[str] = set()
     totally_collided = set()
-    for method in programs:
+    for method in dict.fromkeys(m for m, _ in storages):
         keys = {k for m, k in storages if m == method}
-        if keys and keys <= earlier:
+        if keys <= earlier:
             totally_collided.add(method)
         earlier |= keys
+    findings = []
     owner: dict[int, Pair] = {}
     for pair in storages:
         first = owner.setdefault(storages[pair], pair)

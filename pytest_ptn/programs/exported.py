@@ -3,10 +3,16 @@ its functional form that the reference lowering and the checks read."""
 
 from __future__ import annotations
 
+import copy
+import hashlib
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch.export import ExportedProgram
-from torch.export.graph_signature import InputKind, OutputKind
+from torch.export.graph_signature import ExportGraphSignature, InputKind, OutputKind
 
 from pytest_ptn import upstream_noise
 from pytest_ptn.content import digest
@@ -89,5 +95,107 @@ def functionalize(
     programs: dict[str, ExportedProgram],
 ) -> dict[str, ExportedProgram]:
     """Core-ATen functional programs: mutations become outputs listed in the graph signature."""
+    return {m: FUNCTIONAL_FORMS.functional(ep) for m, ep in programs.items()}
+
+
+@dataclass(frozen=True)
+class FunctionalForm:
+    """What ``run_decompositions({})`` made of a program, without its tensors: the graph depends on the
+    program's code and metadata only, so it serves every program that differs in constant values alone."""
+
+    graph_module: torch.fx.GraphModule
+    graph_signature: ExportGraphSignature
+    range_constraints: dict[Any, Any]
+    module_call_graph: list[Any]
+    verifiers: list[Any]
+
+    def bind(self, ep: ExportedProgram) -> ExportedProgram:
+        """This form holding ``ep``'s own tensors (a private copy of the graph: a lowering may rewrite it)."""
+        graph_module = copy.deepcopy(self.graph_module)
+        return ExportedProgram(
+            root=graph_module,
+            graph=graph_module.graph,
+            graph_signature=copy.deepcopy(self.graph_signature),
+            state_dict=dict(ep.state_dict),
+            range_constraints=copy.deepcopy(self.range_constraints),
+            module_call_graph=copy.deepcopy(self.module_call_graph),
+            example_inputs=ep.example_inputs,
+            constants=dict(ep.constants),
+            verifiers=self.verifiers,
+        )
+
+
+class FunctionalForms:
+    """Functional forms by a key of everything ``run_decompositions`` reads but tensor values.
+
+    Decomposing costs ~0.2 s per method, mostly torch overriding every CompositeImplicitAutograd op and
+    restoring it, whatever the graph's size; a run decomposes the same graph many times over (the suite's
+    inspection and each lowering of a scenario, S4's program with other values, P9's second lowering,
+    hypothesis shrinking). A form is reused only when the decomposed program binds exactly the tensors it
+    was given (same state_dict and constants keys), so every tensor of the result is the caller's."""
+
+    def __init__(self, size: int):
+        self._size = size
+        self._forms: OrderedDict[str, FunctionalForm | None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def functional(self, ep: ExportedProgram) -> ExportedProgram:
+        key = form_key(ep)
+        with self._lock:
+            known = key in self._forms
+            form = self._forms.get(key)
+            if known:
+                self._forms.move_to_end(key)
+        if known:
+            return form.bind(ep) if form is not None else decompose(ep)
+        result = decompose(ep)
+        same_tensors = set(result.state_dict) == set(ep.state_dict) and set(result.constants) == set(
+            ep.constants
+        )
+        form = (
+            FunctionalForm(
+                copy.deepcopy(result.graph_module),
+                copy.deepcopy(result.graph_signature),
+                copy.deepcopy(result.range_constraints),
+                copy.deepcopy(result.module_call_graph),
+                list(result.verifiers),
+            )
+            if same_tensors
+            else None
+        )
+        with self._lock:
+            self._forms[key] = form
+            while len(self._forms) > self._size:
+                self._forms.popitem(last=False)
+        return result
+
+
+def decompose(ep: ExportedProgram) -> ExportedProgram:
     with upstream_noise.contained():  # torch's own pytree deprecation noise, once per program
-        return {m: ep.run_decompositions({}) for m, ep in programs.items()}
+        return ep.run_decompositions({})
+
+
+def form_key(ep: ExportedProgram) -> str:
+    """sha256 of the code of every graph, every placeholder's metadata, the signature, the shape constraints
+    and the calling convention: all ``run_decompositions`` reads of a program besides tensor values."""
+    h = hashlib.sha256()
+    for name, module in ep.graph_module.named_modules():
+        if isinstance(module, torch.fx.GraphModule):
+            h.update(f"{name}\0{module.code}\0".encode())
+    for node in ep.graph.find_nodes(op="placeholder"):
+        val = node.meta.get("val")
+        meta = (
+            (val.dtype, tuple(val.shape), tuple(val.stride()), val.device, val.requires_grad)
+            if isinstance(val, torch.Tensor)
+            else (type(val).__name__, val)
+        )
+        h.update(f"{node.name}\0{meta}\0".encode())
+    call = [
+        (e.fqn, e.signature and (e.signature.in_spec, e.signature.out_spec)) for e in ep.module_call_graph
+    ]
+    h.update(f"{ep.graph_signature}\0{ep.range_constraints}\0{call}\0{ep.dialect}".encode())
+    return h.hexdigest()
+
+
+FUNCTIONAL_FORMS = FunctionalForms(size=512)
+"""One per process: the forms hold graphs and metadata, never tensors."""

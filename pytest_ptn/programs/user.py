@@ -4,12 +4,11 @@ hook): exported and run eagerly the way the catalogue's programs are, named and 
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import re
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -18,7 +17,8 @@ from torch.utils import _pytree as pytree
 
 from pytest_ptn import upstream_noise
 from pytest_ptn.programs.build import EagerCall
-from pytest_ptn.programs.exported import functionalize, mutable_keys
+from pytest_ptn.programs.exported import mutable_keys
+from pytest_ptn.programs.source import ProgramFormError, Source, UserProgram, find_tensor
 from pytest_ptn.programs.traits import derived_tags
 
 Inputs = tuple[torch.Tensor, ...]
@@ -30,41 +30,31 @@ class NamedProgramError(ValueError):
     """A user program the suite cannot run as given; the message names the program and what is wrong."""
 
 
-class _Callable(nn.Module):
-    """A plain callable as the forward of a module, so it can be exported."""
-
-    def __init__(self, fn: Callable[..., Any]):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args: torch.Tensor) -> Any:
-        return self.fn(*args)
-
-
 @dataclass(eq=False)
 class NamedProgram:
     """A named multi-method program with its example inputs and the call sequence to check.
 
     ``model`` is one module whose methods are the keys of ``inputs`` (``getattr(model, name)``), or a mapping
-    method name -> module (its forward) or plain callable, so methods can come from separately built modules.
-    ``inputs`` gives each method's example inputs (tensors), used to export it; ``calls`` is the sequence of
-    (method, inputs) run on eager and on the backend, state carried across calls; by default each method
-    once with its example inputs.
+    method name -> module (its forward), callable or ``ExportedProgram``, so methods can come from separately
+    built modules (pytest_ptn.programs.source). ``inputs`` gives each method's example inputs (tensors), used
+    to export it; ``calls`` is the sequence of (method, inputs) run on eager and on the backend, state carried
+    across calls; by default each method once with its example inputs.
 
-    Every export and eager run starts from a new deep copy of ``model`` (a plain callable is not copied),
-    made for inference: in eval mode, no parameter requiring grad, as when a model is lowered for deployment.
+    Every export and eager run starts from a new copy of ``model`` made for inference (eval mode, no grad). A
+    program the rules reject cannot be a scenario: methods built separately that start a same-named mutated
+    buffer from different values (P7) raise NamedProgramError when made a scenario or run eagerly.
     """
 
     name: str
-    model: nn.Module | Mapping[str, nn.Module | Callable[..., Any]]
+    model: Source
     inputs: Mapping[str, Inputs]
     calls: Sequence[tuple[str, Inputs]] = ()
     doc: str = ""
     offset: float = field(default=0.0, repr=False)
-    """Added to every floating-point parameter and buffer of each copy: S4's second program, the same names
-    holding other values (see with_other_values)."""
+    """Added to every floating-point tensor of each copy: S4's second program, the same names holding other
+    values (see with_other_values)."""
+    _program: UserProgram = field(init=False, repr=False)
     _eager: list[EagerCall] | None = field(default=None, init=False, repr=False)
-    _mutable: set[str] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         where = f"ptn program {self.name!r}"
@@ -72,14 +62,10 @@ class NamedProgram:
             raise NamedProgramError(f"{where}: a name is letters, digits and underscores")
         if not self.inputs:
             raise NamedProgramError(f"{where}: inputs names no method")
-        if isinstance(self.model, nn.Module):
-            missing = [m for m in self.inputs if not callable(getattr(self.model, m, None))]
-            if missing:
-                raise NamedProgramError(f"{where}: the model has no method {', '.join(missing)}")
-        elif set(self.model) != set(self.inputs):
-            raise NamedProgramError(
-                f"{where}: methods {sorted(self.model)} but inputs for {sorted(self.inputs)}"
-            )
+        try:
+            self._program = UserProgram(self.model, self.inputs, self.offset)
+        except ProgramFormError as e:
+            raise NamedProgramError(f"{where}: {e}") from e
         for method, args in [*self.inputs.items(), *self.calls]:
             if method not in self.inputs:
                 raise NamedProgramError(f"{where}: a call to {method!r}, which has no example inputs")
@@ -92,10 +78,7 @@ class NamedProgram:
 
     def export(self) -> dict[str, ExportedProgram]:
         """Freshly exported programs, one per method, from one new copy of the model."""
-        methods = self._fresh()
-        return {
-            name: torch.export.export(methods[name], args, strict=False) for name, args in self.inputs.items()
-        }
+        return self._program.export()
 
     def eager(self) -> list[EagerCall]:
         """The call sequence run eagerly, computed once."""
@@ -109,7 +92,7 @@ class NamedProgram:
 
     def state_fqns(self) -> dict[str, torch.Tensor]:
         """Initial value of every buffer some method writes, by the FQN export gives it."""
-        return self._state(self._fresh())
+        return self._state(self._modules())
 
     def with_other_values(self) -> NamedProgram:
         """The same program (names, shapes, calls) holding other parameter and buffer values."""
@@ -118,41 +101,29 @@ class NamedProgram:
     def scenario(self) -> tuple[UserScenario, dict[str, ExportedProgram]]:
         """This program as a scenario, and the functionalized programs its tags were read from."""
         with upstream_noise.contained():
-            inspected = functionalize(self.export())
+            inspected = self._program.inspected()
+        self._refuse_conflict()
         return UserScenario(self.name, self.doc, self, derived_tags(inspected)), inspected
 
-    def _fresh(self) -> dict[str, nn.Module]:
-        """method -> the module whose forward runs it, all on one new inference copy of the model."""
-        model = copy.deepcopy(self.model)
-        roots = (
-            [model]
-            if isinstance(model, nn.Module)
-            else [m for m in model.values() if isinstance(m, nn.Module)]
-        )
-        for root in roots:
-            root.eval()  # lowered for inference: no dropout, batch-norm running statistics
-        tensors = {id(t): t for root in roots for t in [*root.parameters(), *root.buffers()]}
-        with torch.no_grad():
-            for t in tensors.values():
-                t.requires_grad_(False)
-                if t.is_floating_point():
-                    t.add_(self.offset)
-        if isinstance(model, nn.Module):
-            return {name: _as_forward(model, name) for name in self.inputs}
-        return {n: m if isinstance(m, nn.Module) else _Callable(m) for n, m in model.items()}
+    def _refuse_conflict(self) -> None:
+        conflict = self._program.conflict
+        if conflict is not None:
+            raise NamedProgramError(
+                f"ptn program {self.name!r}: {conflict}; the rules reject such a program (P7), so it cannot "
+                f"be a scenario: start the buffer from one value in every method"
+            )
+
+    def _modules(self) -> dict[str, nn.Module]:
+        """method -> the module that runs it eagerly, all on one new inference copy of the model."""
+        self._refuse_conflict()
+        return self._program.eager()
 
     def _state(self, methods: dict[str, nn.Module]) -> dict[str, torch.Tensor]:
-        if self._mutable is None:
-            self._mutable = mutable_keys(self.export())
-        return {
-            fqn: b.clone()
-            for module in methods.values()
-            for fqn, b in module.named_buffers()
-            if fqn in self._mutable
-        }
+        found = {key: find_tensor(methods, key) for key in sorted(mutable_keys(self._program.inspected()))}
+        return {key: t.clone() for key, t in found.items() if t is not None}
 
     def _run(self, calls: Sequence[tuple[str, Inputs]]) -> list[EagerCall]:
-        methods = self._fresh()
+        methods = self._modules()
         out = []
         with torch.no_grad():
             for name, args in calls:
@@ -175,14 +146,6 @@ class UserScenario:
     tags: frozenset[str]
     valid: ClassVar[bool] = True
     needs: ClassVar[frozenset[str]] = frozenset()
-
-
-def _as_forward(model: nn.Module, method: str) -> nn.Module:
-    """A shallow copy of ``model`` whose forward is ``model.<method>``: the same parameters and buffers under
-    the same FQNs, so every method's export names one tensor alike."""
-    view = copy.copy(model)
-    view.forward = getattr(model, method)
-    return view
 
 
 def by_name(programs: Sequence[object], taken: Collection[str]) -> dict[str, NamedProgram]:

@@ -74,24 +74,8 @@ def plan_package(methods: Mapping[str, Mapping[str, ConstantUse]]) -> PackagePla
                 tuple(sorted(uses)),
             )
     mutable = {k for uses in methods.values() for k, u in uses.items() if u.mutable}
+    state = shared_state(methods)
     digest_of = memoized_digest()
-
-    state: dict[str, tuple[str, torch.Tensor]] = {}
-    for method, uses in methods.items():
-        for key, use in uses.items():
-            if key not in mutable:
-                continue
-            if key not in state:
-                state[key] = (method, use.tensor)
-                continue
-            first, t = state[key]
-            what = _difference(t, use.tensor, digest_of)
-            if what:
-                raise StateConflictError(
-                    f"mutable key {key!r} differs between methods {first!r} and {method!r}: {what}",
-                    (first, method),
-                    (key,),
-                )
 
     bindings: dict[str, dict[str, str]] = {}
     owners_of: dict[str, tuple[str, str]] = {}
@@ -123,6 +107,30 @@ def plan_package(methods: Mapping[str, Mapping[str, ConstantUse]]) -> PackagePla
         else:
             aliases[final] = owner
     return PackagePlan(bindings, entries, aliases, frozenset(f"{STATE}/{k}" for k in state))
+
+
+def shared_state(methods: Mapping[str, Mapping[str, ConstantUse]]) -> dict[str, tuple[str, torch.Tensor]]:
+    """Mutable key -> the first method binding it and its initial value, one per key across methods; raise
+    StateConflictError (P7) naming the key and two methods that disagree on it."""
+    mutable = {k for uses in methods.values() for k, u in uses.items() if u.mutable}
+    digest_of = memoized_digest()
+    state: dict[str, tuple[str, torch.Tensor]] = {}
+    for method, uses in methods.items():
+        for key, use in uses.items():
+            if key not in mutable:
+                continue
+            if key not in state:
+                state[key] = (method, use.tensor)
+                continue
+            first, t = state[key]
+            what = _difference(t, use.tensor, digest_of)
+            if what:
+                raise StateConflictError(
+                    f"mutable key {key!r} differs between methods {first!r} and {method!r}: {what}",
+                    (first, method),
+                    (key,),
+                )
+    return state
 
 
 def _difference(a: torch.Tensor, b: torch.Tensor, digest_of: Callable[[torch.Tensor], str]) -> str:

@@ -135,11 +135,18 @@ def write_properties(folder: Path, properties: dict[str, list[tuple[str, str]]])
 
 
 def read_properties(folder: Path, nodeid: str) -> list[tuple[str, str]]:
+    return all_properties(folder).get(nodeid, [])
+
+
+def all_properties(folder: Path) -> dict[str, list[tuple[str, str]]]:
+    """Every collected test's user properties, as the workers wrote them ({} before they collected)."""
     try:
         data = json.loads((folder / PROPERTIES).read_text())
     except (OSError, ValueError):
-        return []
-    return [(str(k), str(v)) for k, v in data.get(nodeid, [])]
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {str(nodeid): [(str(k), str(v)) for k, v in pairs] for nodeid, pairs in data.items()}
 
 
 def how_it_died(returncode: int | None, fault: str) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from pytest_ptn.ruleset import WAITS_FOR_CLOCK
 from pytest_ptn.scheduling import crashes
 from pytest_ptn.session import RunState
 
@@ -80,11 +81,21 @@ class Xdist:
         scenarios = self.state.scenario_names()
         by_module = config.getvalue("dist") == "loadscope"
 
+        run_folder = self.run_folder
+
         class CaseScheduling(LoadScopeScheduling):
+            @functools.cached_property
+            def clock_tests(self) -> set[str]:
+                """With one worker (a run without -n), the tests that wait for the clock, else none: with
+                several, a later unit could go to a worker that has not lowered the case yet."""
+                if self.numnodes > 1:
+                    return set()
+                return tests_waiting_for_clock(crashes.all_properties(run_folder))
+
             def _split_scope(self, nodeid: str) -> str:
                 case = case_of(nodeid, backends, scenarios)
                 if case is not None:
-                    return case
+                    return later_unit(case) if nodeid in self.clock_tests else case
                 return super()._split_scope(nodeid) if by_module else nodeid
 
             def remove_node(self, node: Any) -> str | None:
@@ -104,8 +115,17 @@ class Xdist:
                 return crashed
 
             def _reschedule(self, node: Any) -> None:
-                if node in self.registered_collections:  # a replacement worker has not collected yet
-                    super()._reschedule(node)
+                if node not in self.registered_collections:  # a replacement worker has not collected yet
+                    return
+                super()._reschedule(node)
+                # A worker runs a test once it holds the next one (or is told to stop): a replacement
+                # worker given one unit of one test would wait for ever.
+                while (
+                    self.workqueue
+                    and not node.shutting_down
+                    and self._pending_of(self.assigned_work[node]) < 2
+                ):
+                    self._assign_work_unit(node)
 
         config.option.loadscopereorder = False  # largest unit first would put every single test last
         return CaseScheduling(config, log)
@@ -140,6 +160,7 @@ class CrashIsolatedWorker:
     def pytest_sessionstart(self) -> None:
         crashes.start_worker(self.folder, self.worker_id)
 
+    @pytest.hookimpl(tryfirst=True)  # before xdist tells the controller, which schedules from them
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         crashes.write_properties(
             self.folder,
@@ -169,6 +190,21 @@ def one_worker_by_default(config: pytest.Config) -> None:
     option.numprocesses = 1
     if option.maxworkerrestart is None:  # one restart per crashed step; xdist's default stops at 4
         option.maxworkerrestart = str(CRASH_RESTARTS)
+
+
+def tests_waiting_for_clock(properties: dict[str, list[tuple[str, str]]]) -> set[str]:
+    """The tests that check a rule waiting for the zip clock, by the rules their workers recorded."""
+    return {
+        nodeid
+        for nodeid, pairs in properties.items()
+        if any(k == "ptn_rule" and v in WAITS_FOR_CLOCK for k, v in pairs)
+    }
+
+
+def later_unit(case: str) -> str:
+    """One unit per backend for the tests that wait for the clock, queued after every case (workers put
+    them last): by then the one worker's packages they compare with are seconds old, so nothing waits."""
+    return f"{case.split('::', 1)[0]}::after-every-case"
 
 
 def case_of(nodeid: str, backends: list[str], scenarios: list[str]) -> str | None:

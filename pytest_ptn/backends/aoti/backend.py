@@ -81,7 +81,7 @@ class AotiBackend(Backend):
     def lower(self, programs: dict[str, ExportedProgram], workdir: Path) -> AotiLowered:
         import torch
 
-        from pytest_ptn.backends.aoti.cache import EXECUTORCH_OPTIONS, compile_method
+        from pytest_ptn.backends.aoti.cache import EXECUTORCH_OPTIONS, TEST_OPTIONS, compile_method
         from pytest_ptn.programs.exported import functionalize, mutable_keys
 
         functional = functionalize(programs)
@@ -90,7 +90,7 @@ class AotiBackend(Backend):
         device = "cuda" if torch.cuda.is_available() else "cpu"
         compiled = {}
         for method, ep in functional.items():
-            options = {**EXECUTORCH_OPTIONS, **_device_options(device)}
+            options = {**EXECUTORCH_OPTIONS, **TEST_OPTIONS, **_device_options(device)}
             if _reads_inlinable_state(ep, mutable):
                 options["always_keep_tensor_constants"] = True
             compiled[method] = compile_method(ep, options, device, f"method {method!r}")

@@ -16,6 +16,14 @@ entries are synced to disk before they are published and checked against their m
 .so's digest) before every use: a damaged entry costs one recompile and a logged warning, never a failed
 lowering or a process killed by a truncated .so. Whoever next compiles removes the folders of compiles
 whose process died.
+
+Most compiles of a run differ from an earlier one only in constant values (the scenarios collide on purpose:
+same names, same graphs, other bytes), and with weights out of the .so those values never reach the code,
+except where inductor inlines a small constant. So a compile is also recorded under a structure key (the
+content key without the bytes of the constants inductor keeps as constants), and a method whose structure
+was compiled before reuses that .so: its entry is the .so plus a blob holding its own bytes at the compiled
+blob's offsets, read back the way a compile's is and kept only when every constant the container holds is
+the program's own; anything else compiles.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -39,11 +47,12 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
-from pytest_ptn.content import ContentKey, digest, host_memory
+from pytest_ptn.backends.aoti.objects import wrapper_objects
+from pytest_ptn.content import ContentKey, digest, host_memory, tensor_bytes
 from pytest_ptn.programs.exported import constants_of
 
 CACHE_ENV = "PTN_AOTI_CACHE"
-FORMAT = "pytest-ptn aoti cache 4"
+FORMAT = "pytest-ptn aoti cache 5"
 """Bumped whenever the layout of an entry changes, so old entries are never misread."""
 ALIGNMENT = 64
 """AOTI_CONST_ALIGNMENT (aoti_runtime/model_base.h): each constant's slot in the blob AOTI allocates."""
@@ -53,7 +62,12 @@ EXECUTORCH_OPTIONS: dict[str, Any] = {
     "aot_inductor.package_constants_on_disk_format": "binary_blob",
 }
 """What ExecuTorch's AOTI backends set to keep weights out of the .so (mirror main's dense-blob format)."""
+TEST_OPTIONS: dict[str, Any] = {"aot_inductor.compile_wrapper_opt_level": "O0"}
+"""What a test build changes: the wrapper (the runtime's bookkeeping and the calls into the kernels and
+libtorch, no arithmetic of its own) unoptimized, a fifth less g++ time per compile; the kernels keep -O3."""
 MANIFEST = "manifest.json"
+STRUCTURES = "by-structure"
+"""Under the cache root: a link per structure key to the entry whose .so compiles it."""
 SO = "model.wrapper.so"
 BLOB = "weights.blob"
 WEIGHTS = "weights.bin"
@@ -99,7 +113,8 @@ class Runner(Protocol):
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "pytest-ptn" / "aoti")
+    """Absolute: inductor runs the compiler in a folder of its own, where a relative path names nothing."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "pytest-ptn" / "aoti").absolute()
 
 
 def runner(so: Path, device: str) -> Runner:
@@ -177,6 +192,9 @@ class CompiledMethod:
     """exported program's constant key -> content id, for constants with no allocation behind them: AOTI
     baked them into the code (0-dim tensors, 1-D tensors of at most 8 elements) or the graph never reads
     them (export keeps every parameter and buffer of the module)."""
+    blob_offsets: dict[str, int] | None = None
+    """original FQN -> where the constant's bytes start in the blob; None when the layout did not check out
+    (the entry is then never reused for another program's values)."""
 
     @property
     def so(self) -> Path:
@@ -230,13 +248,14 @@ class CompiledMethod:
                 for fqn, c in m["constants"].items()
             }
             keys, absent = dict(m["keys"]), dict(m["absent"])
+            offsets = None if m["blob_offsets"] is None else dict(m["blob_offsets"])
         except (KeyError, TypeError, AttributeError, ValueError) as e:
             raise BrokenEntryError(f"{where}: {MANIFEST} is malformed ({type(e).__name__}: {e})") from e
         for name, record in files.items():
             problem = record.problem(entry / name)
             if problem is not None:
                 raise BrokenEntryError(f"{where}: {problem}")
-        return cls(entry, constants, keys, absent)
+        return cls(entry, constants, keys, absent, offsets)
 
 
 def compile_method(ep: ExportedProgram, options: dict[str, Any], device: str, label: str) -> CompiledMethod:
@@ -253,10 +272,17 @@ def compile_method(ep: ExportedProgram, options: dict[str, Any], device: str, la
             _discard(entry)
     entry.parent.mkdir(parents=True, exist_ok=True)
     _remove_abandoned_temporaries(root)
+    structure = root / STRUCTURES / structure_key(ep, options, device)
     with compile_folder(entry.parent) as tmp:
-        _compile_into(tmp, ep, options, device, label)
+        reused = _reuse_into(tmp, structure, ep, device, label)
+        if not reused:
+            with wrapper_objects(root):
+                _compile_into(tmp, ep, options, device, label)
         _publish(tmp, entry)
-    return CompiledMethod.read(entry)
+    method = CompiledMethod.read(entry)
+    if not reused and method.blob_offsets is not None:
+        _link(structure, entry)
+    return method
 
 
 @contextmanager
@@ -286,6 +312,14 @@ def _publish(tmp: Path, entry: Path) -> None:
         if not (entry / MANIFEST).exists():  # not a concurrent writer's finished entry
             raise
     _fsync(entry.parent)
+
+
+def _link(structure: Path, entry: Path) -> None:
+    """Point ``structure`` at ``entry`` (replacing a link to an entry since discarded), in one rename."""
+    structure.parent.mkdir(parents=True, exist_ok=True)
+    new = structure.with_name(f"{TEMPORARY_PREFIX}{uuid.uuid4().hex}")
+    os.symlink(os.path.relpath(entry, structure.parent), new)
+    os.replace(new, structure)
 
 
 def _fsync(path: Path) -> None:
@@ -331,6 +365,34 @@ def _abandoned(tmp: Path) -> bool:
 
 
 def cache_key(ep: ExportedProgram, options: dict[str, Any], device: str) -> str:
+    """What decides an entry: the program, every constant's bytes included."""
+    return _key("content", ep, options, device, lambda t: (digest(t),))
+
+
+def structure_key(ep: ExportedProgram, options: dict[str, Any], device: str) -> str:
+    """What decides a compiled .so with weights out of it: the program and every constant's layout (the .so
+    records each constant's storage size and offset); the bytes only of constants inductor may inline, and
+    which constants share a storage (inductor stores those once) or hold equal bytes (the keys matched to
+    the container by content are then ambiguous only where swapping them changes nothing)."""
+    storages: dict[tuple[object, ...], int] = {}
+    contents: dict[str, int] = {}
+
+    def layout(t: torch.Tensor) -> tuple[object, ...]:
+        storage = t.untyped_storage()
+        alias = storages.setdefault((storage.data_ptr(), t.storage_offset(), *_meta(t)), len(storages))
+        equal = contents.setdefault(content_id(t), len(contents))
+        return t.storage_offset(), storage.nbytes(), alias, equal, digest(t) if inlinable(t) else None
+
+    return _key("structure", ep, options, device, layout)
+
+
+def _key(
+    kind: str,
+    ep: ExportedProgram,
+    options: dict[str, Any],
+    device: str,
+    constant: Callable[[torch.Tensor], tuple[object, ...]],
+) -> str:
     h = hashlib.sha256()
 
     def feed(*parts: object) -> None:
@@ -338,7 +400,7 @@ def cache_key(ep: ExportedProgram, options: dict[str, Any], device: str) -> str:
             h.update(str(p).encode())
             h.update(b"\0")
 
-    feed(FORMAT, torch.__version__, device, json.dumps(options, sort_keys=True))
+    feed(FORMAT, kind, torch.__version__, device, json.dumps(options, sort_keys=True))
     for name, module in ep.graph_module.named_modules():
         if isinstance(module, torch.fx.GraphModule):
             feed(name, module.code)
@@ -347,7 +409,7 @@ def cache_key(ep: ExportedProgram, options: dict[str, Any], device: str) -> str:
         feed(node.name, *(_meta(val) if isinstance(val, torch.Tensor) else (val,)))
     feed(ep.graph_signature)
     for key, use in sorted(constants_of(ep).items()):
-        feed(key, *_meta(use.tensor), digest(use.tensor))
+        feed(key, *_meta(use.tensor), *constant(use.tensor))
     return h.hexdigest()
 
 
@@ -373,7 +435,7 @@ def content_id(t: torch.Tensor) -> str:
 def _compile_into(out: Path, ep: ExportedProgram, options: dict[str, Any], device: str, label: str) -> None:
     """Compile into a private folder (AOTI names its files by a hash of the code, equal for methods that
     differ only in constant values, so a shared folder lets one compile overwrite another's blob), keep the
-    .so and the blob, read the constants back from a container and write the manifest last."""
+    .so and the blob, and read the constants back."""
     compiled = ep
     if device != "cpu":
         from torch.export.passes import move_to_device_pass
@@ -394,7 +456,63 @@ def _compile_into(out: Path, ep: ExportedProgram, options: dict[str, Any], devic
     os.replace(next(p for p in files if p.endswith(".wrapper.so")), out / SO)
     os.replace(next(p for p in files if p.endswith("_weights.blob")), out / BLOB)
     shutil.rmtree(scratch)
+    _read_back(out, ep, device, label)
 
+
+def _reuse_into(out: Path, structure: Path, ep: ExportedProgram, device: str, label: str) -> bool:
+    """Whether ``out`` now holds ``ep``'s entry made from the .so that ``structure`` links to: a blob with
+    ``ep``'s bytes at the compiled blob's offsets, read back, and kept only when every key maps to the
+    container constant the compiled entry maps it to, holding exactly ``ep``'s bytes for that key."""
+    if not structure.exists():
+        return False
+    try:
+        source = CompiledMethod.read(structure.resolve())
+    except BrokenEntryError as e:  # its entry is recompiled when its own content is asked for
+        log.info("%s; not reused", e)
+        return False
+    constants = constants_of(ep)
+    values: dict[str, torch.Tensor] = {}
+    for key, fqn in source.keys.items():
+        values.setdefault(fqn, constants[key].tensor)
+    offsets = source.blob_offsets
+    if offsets is None or values.keys() != source.constants.keys():
+        return False
+    blob = bytearray(source.blob.stat().st_size)
+    for fqn, t in values.items():
+        data = tensor_bytes(t)
+        if len(data) != source.constants[fqn].nbytes:
+            return False
+        blob[offsets[fqn] : offsets[fqn] + len(data)] = data
+    shutil.copyfile(source.so, out / SO)
+    (out / BLOB).write_bytes(blob)
+    try:
+        infos, keys, absent = _read_back(out, ep, device, label)
+    except RuntimeError as e:  # a key read yet held by no constant of the container
+        problem: str | None = str(e)
+    else:
+        wrong = [
+            k for k, fqn in keys.items() if infos[fqn].content_key() != ContentKey.of(constants[k].tensor)
+        ]
+        if keys != source.keys or absent.keys() != source.absent.keys():
+            problem = (
+                f"keys {keys}, absent {sorted(absent)}: the compiled {source.keys}, {sorted(source.absent)}"
+            )
+        else:
+            problem = f"other bytes for {wrong}" if wrong else None
+    if problem is None:
+        return True
+    log.info("%s: the .so of %s does not fit (%s); compiling", label, source.dir, problem)
+    for name in (*FILES, MANIFEST):
+        (out / name).unlink(missing_ok=True)
+    return False
+
+
+def _read_back(
+    out: Path, ep: ExportedProgram, device: str, label: str
+) -> tuple[dict[str, ConstantInfo], dict[str, str], dict[str, str]]:
+    """Load the .so and blob in ``out`` into a container and write ``weights.bin`` and, last, the manifest
+    from what it holds; returns the container's constants (as written: the container's own memory goes with
+    it), and ``ep``'s keys mapped to them or absent."""
     container = runner(out / SO, device)
     # An empty blob cannot be mapped, and a container without constants needs none.
     if os.path.getsize(out / BLOB):
@@ -426,8 +544,33 @@ def _compile_into(out: Path, ep: ExportedProgram, options: dict[str, Any], devic
         "constants": {k: asdict(v) for k, v in infos.items()},
         "keys": keys,
         "absent": absent,
+        "blob_offsets": _blob_offsets(out / BLOB, held),
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    return infos, keys, absent
+
+
+def _blob_offsets(blob: Path, held: dict[str, torch.Tensor]) -> dict[str, int] | None:
+    """Where each constant's bytes start in ``blob``, or None unless that layout reproduces the blob.
+
+    AOTI's blob is every constant's storage in the order of the .so's constant table, each in a 64-byte slot
+    when any constant is on the CPU, packed otherwise (cpp_wrapper_cpu's data_size), and the container
+    copies it into one allocation in that order: the addresses give the order, the sizes the offsets."""
+    data = blob.read_bytes()
+    tensors = sorted(held.items(), key=lambda item: item[1].data_ptr())
+    if any(t.storage_offset() or t.untyped_storage().nbytes() != t.nbytes for _, t in tensors):
+        return None  # a view of a larger storage: the blob holds the whole storage
+    for slot in (align, int):
+        offsets: dict[str, int] = {}
+        end = 0
+        for fqn, t in tensors:
+            offsets[fqn] = end
+            end += slot(t.nbytes)
+        if end == len(data) and all(
+            data[offsets[fqn] : offsets[fqn] + t.nbytes] == tensor_bytes(t.cpu()) for fqn, t in tensors
+        ):
+            return offsets
+    return None
 
 
 def _map_keys(
