@@ -100,7 +100,8 @@ capability that makes them apply always, and the condition that holds without it
 
 WAITS_FOR_CLOCK = frozenset({"P9"})
 """Rules whose test lowers again once the zip clock has moved past the case's first package: they run last
-in their case, when the other tests have usually spent that time already."""
+in their case, and in a one-worker run after every case (scheduling.workers.later_unit), when that time has
+usually passed already."""
 
 
 def rules_shown(backend: type[Backend]) -> dict[str, str]:
