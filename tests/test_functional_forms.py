@@ -1,7 +1,10 @@
-"""A functional form is reused only for programs that differ in tensor values, and always holds the caller's
-tensors: what ``run_decompositions({})`` gives, without decomposing the same graph again."""
+"""A functional form is reused only for programs that differ in tensor values and constant names, and always
+holds the caller's tensors under the caller's names: what ``run_decompositions({})`` gives, without
+decomposing the same graph again."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 import torch
@@ -10,6 +13,7 @@ from pytest_ptn.programs import exported
 from pytest_ptn.programs.build import Program
 from pytest_ptn.programs.catalogue import BY_NAME
 from pytest_ptn.programs.exported import FunctionalForms, decompose
+from pytest_ptn.spec import Constant, Method, ProgramSpec, Write
 
 VARIED = ["colliding_literals", "kv_cache", "cond_constants", "input_mutation", "torchao_int8_weights"]
 """Literals, state written in place, a branch subgraph, a mutated input, a tensor subclass weight."""
@@ -87,3 +91,88 @@ def test_a_caller_rewriting_its_graph_leaves_the_form_intact(decompositions: lis
     again = forms.functional(program.export()[method])
     assert again.graph_module.code == decompose(program.export()[method]).graph_module.code
     assert len(decompositions) == 1
+
+
+def _renamed(spec: ProgramSpec, names: dict[str, str]) -> ProgramSpec:
+    """``spec`` with constants renamed (private and shared alike), reads and writes following."""
+
+    def c(constant: Constant) -> Constant:
+        return replace(constant, name=names.get(constant.name, constant.name))
+
+    methods = tuple(
+        replace(
+            m,
+            constants=tuple(c(k) for k in m.constants),
+            reads=tuple(names.get(r, r) for r in m.reads),
+            writes=tuple(replace(w, target=names.get(w.target, w.target)) for w in m.writes),
+        )
+        for m in spec.methods
+    )
+    return replace(spec, methods=methods, shared=tuple(c(k) for k in spec.shared))
+
+
+NAMED = ProgramSpec(
+    methods=(
+        Method(
+            "prefill",
+            (
+                Constant("a", "parameter", seed=1),
+                Constant("b", "buffer", dtype="int32", shape=(2, 4)),
+                Constant("t", "literal", dtype="float16"),
+            ),
+            reads=("a", "b", "t", "kv"),
+            writes=(Write("kv"),),
+        ),
+        Method("decode", (Constant("c", "attribute", shape=(16,)),), reads=("c", "kv")),
+    ),
+    shared=(Constant("kv", "buffer"),),
+)
+"""Own constants of each family, a literal, shared state written by one method and read by the other."""
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        {"a": "w", "b": "bias", "c": "weight", "kv": "cache"},
+        {"a": "b", "b": "a"},  # swapped: each placeholder takes the other's name
+        {"b": "lifted_tensor_0", "c": "_tensor_constant0", "kv": "_frozen_param0"},  # the literal is minted
+    ],
+    ids=["renamed", "swapped", "minted_names"],
+)
+def test_a_program_with_other_names_gets_the_form_under_its_own_names(
+    names: dict[str, str], decompositions: list[str]
+) -> None:
+    forms = FunctionalForms(size=8)
+    for ep in Program(NAMED).export().values():
+        forms.functional(ep)
+    program = Program(_renamed(NAMED, names))
+    before = len(decompositions)
+    for method in program.method_names:  # each from its own export: running one mutates shared state
+        got = forms.functional(program.export()[method])
+        fresh = decompose(program.export()[method])
+        assert got.graph_module.code == fresh.graph_module.code
+        assert str(got.graph_signature) == str(fresh.graph_signature)
+        assert (
+            got.state_dict.keys() == fresh.state_dict.keys()
+            and got.constants.keys() == fresh.constants.keys()
+        )
+        inputs = program.example_inputs(method)
+        torch.testing.assert_close(got.module()(*inputs), fresh.module()(*inputs))
+    assert len(decompositions) == before
+    assert forms.reused == len(program.method_names)
+
+
+def test_constants_moved_to_another_module_are_decomposed_anew(decompositions: list[str]) -> None:
+    """Decomposition orders constant inputs by the module holding them: a private constant made shared is
+    another form."""
+    forms = FunctionalForms(size=8)
+    own = ProgramSpec(
+        methods=(Method("m", (Constant("a", "parameter"), Constant("b", "buffer")), reads=("a", "b")),)
+    )
+    moved = ProgramSpec(
+        methods=(Method("m", (Constant("b", "buffer"),), reads=("a", "b")),),
+        shared=(Constant("a", "parameter"),),
+    )
+    for spec in (own, moved):
+        forms.functional(Program(spec).export()["m"])
+    assert len(decompositions) == 2

@@ -5,14 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from broken_backends import BindsByKey
-from hypothesis import HealthCheck, find, given, settings
+from hypothesis import HealthCheck, Phase, find, given, settings
 
 from pytest_ptn.harness import check_spec
 from pytest_ptn.spec import ProgramSpec
 from pytest_ptn.strategies import program_specs, reproducer
 
 
-@settings(max_examples=50, deadline=None, derandomize=True, database=None)
+@settings(max_examples=30, deadline=None, derandomize=True, database=None)
 @given(program_specs())
 def test_generated_programs_are_valid(spec: ProgramSpec) -> None:
     """Every draw is a program a correct backend must accept: the rules planner never rejects it."""
@@ -61,9 +61,41 @@ def test_only_the_nightly_profile_shrinks() -> None:
     """A known failure is an expected failure in CI: shrinking it would spend hypothesis's whole shrink
     budget lowering ever smaller programs. Nightly shrinks (and the test above shrinks with its own
     settings, whatever the profile)."""
-    from hypothesis import Phase
 
     ci, nightly = settings.get_profile("ptn-ci"), settings.get_profile("ptn-nightly")
     assert Phase.shrink not in ci.phases and Phase.explain not in ci.phases
     assert Phase.generate in ci.phases
     assert Phase.shrink in nightly.phases
+
+
+def test_drawn_methods_mostly_repeat_a_graph() -> None:
+    """The draws go to names, values and sharing over a bounded set of method graphs, so most methods of
+    the CI profile's programs find a decomposed form to reuse (a new graph costs ~0.3 s a method)."""
+    from pytest_ptn.programs.build import Program
+    from pytest_ptn.programs.exported import form_key
+
+    keys: list[str] = []
+
+    @settings(settings.get_profile("ptn-ci"), max_examples=30)
+    @given(program_specs())
+    def draw(spec: ProgramSpec) -> None:
+        keys.extend(form_key(ep) for ep in Program(spec).export().values())
+
+    draw()
+    assert len(set(keys)) <= len(keys) / 2, f"{len(set(keys))} graphs among {len(keys)} methods"
+
+
+def test_every_name_family_is_drawn() -> None:
+    """Each name of the pool (quantization's and the lifted families included) names some constant."""
+    from pytest_ptn.strategies import NAMES
+
+    seen: set[str] = set()
+
+    @settings(max_examples=200, derandomize=True, database=None, phases=[Phase.generate])
+    @given(program_specs())
+    def draw(spec: ProgramSpec) -> None:
+        seen.update(c.name for m in spec.methods for c in m.constants)
+        seen.update(c.name for c in spec.shared)
+
+    draw()
+    assert set(NAMES) <= seen, sorted(set(NAMES) - seen)

@@ -4,7 +4,9 @@ its functional form that the reference lowering and the checks read."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
+import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -101,21 +103,30 @@ def functionalize(
 @dataclass(frozen=True)
 class FunctionalForm:
     """What ``run_decompositions({})`` made of a program, without its tensors: the graph depends on the
-    program's code and metadata only, so it serves every program that differs in constant values alone."""
+    program's code and metadata only, so it serves every program that differs from it in constant values
+    and in constant names alone (the names of the program it was made from are ``names``)."""
 
     graph_module: torch.fx.GraphModule
     graph_signature: ExportGraphSignature
     range_constraints: dict[Any, Any]
     module_call_graph: list[Any]
     verifiers: list[Any]
+    names: tuple[tuple[str, str], ...]
+    """(placeholder, key) of each constant input of the program decomposed, in order."""
 
     def bind(self, ep: ExportedProgram) -> ExportedProgram:
-        """This form holding ``ep``'s own tensors (a private copy of the graph: a lowering may rewrite it)."""
+        """This form holding ``ep``'s own tensors under ``ep``'s own names (a private copy of the graph: a
+        lowering may rewrite it)."""
+        theirs = constant_names(ep)
+        placeholders = {mine: their for (mine, _), (their, _) in zip(self.names, theirs, strict=True)}
+        keys = {mine: their for (_, mine), (_, their) in zip(self.names, theirs, strict=True)}
         graph_module = copy.deepcopy(self.graph_module)
+        if placeholders != {p: p for p in placeholders}:
+            _rename_placeholders(graph_module, placeholders)
         return ExportedProgram(
             root=graph_module,
             graph=graph_module.graph,
-            graph_signature=copy.deepcopy(self.graph_signature),
+            graph_signature=_renamed_signature(self.graph_signature, placeholders, keys),
             state_dict=dict(ep.state_dict),
             range_constraints=copy.deepcopy(self.range_constraints),
             module_call_graph=copy.deepcopy(self.module_call_graph),
@@ -126,18 +137,23 @@ class FunctionalForm:
 
 
 class FunctionalForms:
-    """Functional forms by a key of everything ``run_decompositions`` reads but tensor values.
+    """Functional forms by a key of everything ``run_decompositions`` reads but tensor values and constant
+    names.
 
     Decomposing costs ~0.2 s per method, mostly torch overriding every CompositeImplicitAutograd op and
     restoring it, whatever the graph's size; a run decomposes the same graph many times over (the suite's
-    inspection and each lowering of a scenario, S4's program with other values, P9's second lowering,
-    hypothesis shrinking). A form is reused only when the decomposed program binds exactly the tensors it
-    was given (same state_dict and constants keys), so every tensor of the result is the caller's."""
+    inspection and each lowering of a scenario, S4's program with other values, P9's second lowering, the
+    fuzz test's programs, which differ mostly in names and values, hypothesis shrinking). A form is reused
+    only when the decomposed program binds exactly the tensors it was given (same state_dict and constants
+    keys), so every tensor of the result is the caller's. ``reused`` and ``decomposed`` count the programs
+    served each way."""
 
     def __init__(self, size: int):
         self._size = size
         self._forms: OrderedDict[str, FunctionalForm | None] = OrderedDict()
         self._lock = threading.Lock()
+        self.reused = 0
+        self.decomposed = 0
 
     def functional(self, ep: ExportedProgram) -> ExportedProgram:
         key = form_key(ep)
@@ -146,9 +162,15 @@ class FunctionalForms:
             form = self._forms.get(key)
             if known:
                 self._forms.move_to_end(key)
-        if known:
-            return form.bind(ep) if form is not None else decompose(ep)
+            if form is not None:
+                self.reused += 1
+            else:
+                self.decomposed += 1
+        if form is not None:
+            return form.bind(ep)
         result = decompose(ep)
+        if known:
+            return result
         same_tensors = set(result.state_dict) == set(ep.state_dict) and set(result.constants) == set(
             ep.constants
         )
@@ -159,6 +181,7 @@ class FunctionalForms:
                 copy.deepcopy(result.range_constraints),
                 copy.deepcopy(result.module_call_graph),
                 list(result.verifiers),
+                tuple(constant_names(ep)),
             )
             if same_tensors
             else None
@@ -175,13 +198,30 @@ def decompose(ep: ExportedProgram) -> ExportedProgram:
         return ep.run_decompositions({})
 
 
+def constant_names(ep: ExportedProgram) -> list[tuple[str, str]]:
+    """(placeholder, key) of each constant input, in the signature's order."""
+    return [
+        (spec.arg.name, spec.target)
+        for spec in ep.graph_signature.input_specs
+        if spec.kind in CONSTANT_KINDS and spec.target is not None
+    ]
+
+
 def form_key(ep: ExportedProgram) -> str:
     """sha256 of the code of every graph, every placeholder's metadata, the signature, the shape constraints
-    and the calling convention: all ``run_decompositions`` reads of a program besides tensor values."""
+    and the calling convention: all ``run_decompositions`` reads of a program besides tensor values. A
+    constant's placeholder and key count by their position among the constant inputs, not by name, so
+    programs that differ in constant names alone share a key, as long as their constants sort in the same
+    order and live on the same modules; a name that shows anywhere else (a subgraph's code) still counts as
+    itself."""
+    names = constant_names(ep)
+    placeholders = {p: f"\0c{i}" for i, (p, _) in enumerate(names)}
+    keys = {k: f"\0k{i}" for i, (_, k) in enumerate(names)}
     h = hashlib.sha256()
     for name, module in ep.graph_module.named_modules():
         if isinstance(module, torch.fx.GraphModule):
-            h.update(f"{name}\0{module.code}\0".encode())
+            code = _substitute(module.code, placeholders) if module is ep.graph_module else module.code
+            h.update(f"{name}\0{code}\0".encode())
     for node in ep.graph.find_nodes(op="placeholder"):
         val = node.meta.get("val")
         meta = (
@@ -189,12 +229,65 @@ def form_key(ep: ExportedProgram) -> str:
             if isinstance(val, torch.Tensor)
             else (type(val).__name__, val)
         )
-        h.update(f"{node.name}\0{meta}\0".encode())
+        h.update(f"{placeholders.get(node.name, node.name)}\0{meta}\0".encode())
     call = [
         (e.fqn, e.signature and (e.signature.in_spec, e.signature.out_spec)) for e in ep.module_call_graph
     ]
-    h.update(f"{ep.graph_signature}\0{ep.range_constraints}\0{call}\0{ep.dialect}".encode())
+    signature = _renamed_signature(ep.graph_signature, placeholders, keys)
+    # Decomposition orders constant inputs by the module that holds them.
+    owners = [k.rpartition(".")[0] for _, k in names]
+    h.update(f"{owners}\0".encode())
+    h.update(f"{signature}\0{ep.range_constraints}\0{call}\0{ep.dialect}".encode())
     return h.hexdigest()
+
+
+def _substitute(code: str, names: dict[str, str]) -> str:
+    if not names:
+        return code
+    pattern = re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\b")
+    return pattern.sub(lambda m: names[m.group(1)], code)
+
+
+def _rename_placeholders(graph_module: torch.fx.GraphModule, names: dict[str, str]) -> None:
+    """Rename placeholders ``old -> new`` all at once (``names`` may swap two), as torch's own placeholder
+    naming pass does, keeping the graph's namespace in step."""
+    graph = graph_module.graph
+    nodes = [n for n in graph.find_nodes(op="placeholder") if n.name in names]
+    others = {n.name for n in graph.nodes} - set(names)
+    taken = others & {names[n.name] for n in nodes}
+    if taken:
+        raise AssertionError(f"placeholder names {sorted(taken)} are taken in {graph_module.code}")
+    for node in [(n, names[n.name]) for n in nodes]:
+        node[0].name = node[0].target = node[1]
+        graph._graph_namespace._rename_object(node[0], node[1])
+    graph_module.recompile()
+
+
+def _renamed_signature(
+    signature: ExportGraphSignature, placeholders: dict[str, str], keys: dict[str, str]
+) -> ExportGraphSignature:
+    """A copy of ``signature`` with placeholder names and constant keys replaced."""
+
+    def arg(a: Any) -> Any:
+        name = getattr(a, "name", None)
+        return dataclasses.replace(a, name=placeholders[name]) if name in placeholders else copy.copy(a)
+
+    def target(t: str | None) -> str | None:
+        return keys.get(t, t) if t is not None else None
+
+    return ExportGraphSignature(
+        input_specs=[
+            dataclasses.replace(s, arg=arg(s.arg), target=target(s.target)) for s in signature.input_specs
+        ],
+        output_specs=[
+            dataclasses.replace(s, arg=arg(s.arg), target=target(s.target) if s.kind in _KEYED else s.target)
+            for s in signature.output_specs
+        ],
+    )
+
+
+_KEYED = (OutputKind.BUFFER_MUTATION, OutputKind.PARAMETER_MUTATION)
+"""Output kinds whose target is a constant's key (a user-input mutation names the input)."""
 
 
 FUNCTIONAL_FORMS = FunctionalForms(size=512)
