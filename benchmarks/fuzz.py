@@ -48,15 +48,20 @@ def counted_functional(self, ep):
 
 exported.decompose, exported.FunctionalForms.functional = counted_decompose, counted_functional
 
+failures = []
+
 def check(spec):
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            return not check_spec(backend, spec, Path(tmp))
-        except BaseException:  # a lowering error fails the test (pytest's Failed), a load or run error too
-            return False
+            mismatches = check_spec(backend, spec, Path(tmp))
+        except BaseException as e:  # a lowering error fails (pytest.s Failed), a load or run error too
+            mismatches = [f"{type(e).__name__}: {e}"]
+    failures.extend(str(m)[:300] for m in mismatches[:1])
+    return not mismatches
 
 check(BY_NAME["single_method"].spec)  # warm: imports, the first export and lowering
 counts.update(methods=0, decomposed=0)
+failures.clear()
 profile = settings.get_profile("ptn-ci")
 examples = int(sys.argv[2]) or profile.max_examples
 seconds, failed = [], [0]
@@ -71,7 +76,7 @@ def run(spec):
 t0 = time.perf_counter()
 run()
 print(json.dumps({"programs": len(seconds), "seconds": sum(seconds), "wall": time.perf_counter() - t0,
-                  "failed": failed[0], **counts}))
+                  "failed": failed[0], **counts, "first_failure": failures[:1]}))
 """
 """Run in each tree's environment: its strategies, harness and backends."""
 

@@ -36,16 +36,23 @@ def variants(root: Path) -> dict[str, str]:
 
 
 def env_for(root: Path) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{root / 'tests'}"}
+    extra = os.environ.get("PYTHONPATH", "")  # a sitecustomize shim pointing the editable install at root
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(root), str(root / "tests"), extra])),
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", default="ptn-ci")
     ap.add_argument("--root", type=Path, default=ROOT, help="the tree to run (default: this checkout)")
+    ap.add_argument("--rules", help="comma-separated rules whose variants to run (default: all)")
     args = ap.parse_args()
     caught = []
     for rule, name in variants(args.root).items():
+        if args.rules and rule not in args.rules.split(","):
+            continue
         t0 = time.perf_counter()
         # a private basetemp: concurrent pytest runs of one user prune each other's default one
         basetemp = tempfile.mkdtemp(prefix="ptn-fuzz-catches-")
