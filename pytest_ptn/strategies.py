@@ -34,7 +34,6 @@ NAMES = (
     "w",
     "_tensor_constant0",
     "weight",
-    "lifted_tensor_0",
     "_lifted_tensor_constant0",
     "_frozen_param0",
     "_scale_0",
@@ -49,7 +48,9 @@ NAMES = (
     "embedding",
 )
 """Constant names: the users' own (``weight``, ``kv``), the tensor constants torch mints per method
-(``_tensor_constant<i>``, ``lifted_tensor_<i>``), the scalars ExecuTorch lifts
+(``_tensor_constant<i>``; ``lifted_tensor_<i>`` is left to the literals, which get it: a buffer of that name
+beside a literal fails torch's own ``run_decompositions`` with "`lifted_tensor_0` is not a buffer", a torch
+bug every backend would show), the scalars ExecuTorch lifts
 (``_lifted_tensor_constant<i>``) and the constants quantization mints per method (``_frozen_param<i>``,
 ``_scale_<i>``, ``_zero_point_<i>``), as names of parameters, buffers and attributes, so they collide
 across methods and with what a backend mints itself."""
