@@ -101,7 +101,7 @@ class MethodShape:
 
 METHOD_SHAPES = (
     MethodShape((_slot("parameter"),)),
-    MethodShape((_slot("buffer"), _root(1))),
+    MethodShape((_slot("buffer"), _root(2))),  # reads the state others write: a KV cache's decode
     MethodShape((_slot("parameter"), _slot("attribute", shape=(16,))), state=_root(2)),
     MethodShape((_scalar(0.125), _slot("attribute", "int64", (4, 4)))),
     MethodShape(
