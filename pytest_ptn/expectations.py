@@ -9,6 +9,7 @@ One TOML file per backend (and version range) in ``conformance/expectations/``:
     scenario = "colliding_literals"     # or "*"
     reason = "to_native rejects ..."
     link = "https://github.com/pytorch/executorch/pull/23891"
+    schedule = "at_first_call"          # optional: only under this load schedule (pytest_ptn.schedule)
 
 A listed failure that passes fails the run (strict xfail), so the data cannot go stale silently. ``link`` may
 be ``""`` while no upstream issue is filed yet (a fresh baseline): the run header counts such entries.
@@ -27,6 +28,7 @@ from packaging.version import InvalidVersion, Version
 
 from pytest_ptn.programs.catalogue import BY_NAME
 from pytest_ptn.ruleset import RULES
+from pytest_ptn.schedule import LoadSchedule
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -40,6 +42,8 @@ LINK_PENDING = ("link",)
 """Fields an entry may leave empty for now: a baseline lists failures before anyone files them upstream."""
 ANY_SCENARIO = "*"
 """The scenario of an entry that holds for every scenario of its rule."""
+SCHEDULES = tuple(s.value for s in LoadSchedule)
+"""What an entry's optional ``schedule`` may say."""
 FUZZ_SCENARIO = "fuzz"
 """The scenario the fuzz test's failures are reported and listed under."""
 
@@ -56,9 +60,18 @@ class Expectation:
     reason: str
     link: str
     source: Path
+    schedule: str | None = None
+    """The load schedule (LoadSchedule value) the failure shows under; None: every schedule."""
 
-    def matches(self, backend: str, rules: list[str], scenario: str | None) -> bool:
-        return self.backend == backend and self.rule in rules and self.scenario in (ANY_SCENARIO, scenario)
+    def matches(
+        self, backend: str, rules: list[str], scenario: str | None, schedule: str | None = None
+    ) -> bool:
+        return (
+            self.backend == backend
+            and self.rule in rules
+            and self.scenario in (ANY_SCENARIO, scenario)
+            and self.schedule in (None, schedule)
+        )
 
     def describe(self) -> str:
         return (
@@ -142,7 +155,14 @@ def read(path: Path, user_scenarios: Collection[str] = ()) -> ExpectationFile:
         known = (ANY_SCENARIO, FUZZ_SCENARIO, *BY_NAME, *user_scenarios)
         if raw["scenario"] not in known:
             raise ExpectationsError(f"{where}: unknown scenario {raw['scenario']!r}")
-        entries.append(Expectation(backend, raw["rule"], raw["scenario"], raw["reason"], raw["link"], path))
+        schedule = raw.get("schedule")
+        if schedule is not None and schedule not in SCHEDULES:
+            raise ExpectationsError(
+                f"{where}: schedule must be one of {', '.join(SCHEDULES)}, not {schedule!r}"
+            )
+        entries.append(
+            Expectation(backend, raw["rule"], raw["scenario"], raw["reason"], raw["link"], path, schedule)
+        )
     return ExpectationFile(path, backend, requires, tuple(entries))
 
 

@@ -30,6 +30,7 @@ from pytest_ptn.ruleset import (
     not_applicable,
     should_not_met,
 )
+from pytest_ptn.schedule import LoadSchedule
 from pytest_ptn.scheduling import gpus, shards, workers
 from pytest_ptn.session import RUN_STATE, RunState
 from pytest_ptn.spec import Scenario
@@ -219,6 +220,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "ptn_scenario" in metafunc.fixturenames:
         names = [s.name for s in _scenarios(metafunc)]
         metafunc.parametrize("ptn_scenario", names, indirect=True)
+    if "ptn_schedule" in metafunc.fixturenames:
+        metafunc.parametrize("ptn_schedule", [s.value for s in LoadSchedule], indirect=True)
 
 
 def rules_of(item: pytest.Item) -> list[str]:
@@ -250,8 +253,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.user_properties.append(("ptn_repro", repro))
         if scenario is not None:
             item.user_properties.append(("ptn_scenario", scenario))
+        schedule = _callspec_param(item, "ptn_schedule")
+        if schedule is not None:
+            item.user_properties.append(("ptn_schedule", schedule))
         if backend is not None:
-            for e in config.stash[RUN_STATE].expected(backend, rules, scenario):
+            for e in config.stash[RUN_STATE].expected(backend, rules, scenario, schedule):
                 item.add_marker(pytest.mark.xfail(strict=True, reason=e.describe()))
 
 
@@ -265,6 +271,12 @@ def ptn_backend(request: pytest.FixtureRequest) -> Backend:
 def ptn_scenario(request: pytest.FixtureRequest) -> Scenario | UserScenario:
     """A catalogue scenario, or one of the host's own programs (pytest_ptn_programs)."""
     return request.config.stash[RUN_STATE].scenario(request.param)
+
+
+@pytest.fixture
+def ptn_schedule(request: pytest.FixtureRequest) -> LoadSchedule:
+    """When the case's methods load: all before the first call, or each at its first call (E rules)."""
+    return LoadSchedule(request.param)
 
 
 @pytest.fixture

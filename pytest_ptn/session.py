@@ -65,14 +65,16 @@ class RunState:
     def scenario(self, name: str) -> Scenario | UserScenario:
         return catalogue.BY_NAME.get(name) or self.user_scenarios()[name]
 
-    def expected(self, spec: str, rules: list[str], scenario: str | None) -> list[expectations.Expectation]:
+    def expected(
+        self, spec: str, rules: list[str], scenario: str | None, schedule: str | None = None
+    ) -> list[expectations.Expectation]:
         cls, versions = self.classes[spec], self.availability[spec].versions
         return [
             e
             for f in self.expectation_files
             if f.applies_to(cls.name, versions)
             for e in f.entries
-            if e.matches(cls.name, rules, scenario)
+            if e.matches(cls.name, rules, scenario, schedule)
         ]
 
     def backend(self, spec: str) -> Backend:

@@ -78,6 +78,8 @@ def check_program(
 
 
 def _check(backend: Backend, program: UserProgram, sequence: list, workdir: Path) -> list[Finding]:
+    import torch
+
     from pytest_ptn.check.execution import run_calls
     from pytest_ptn.check.explain import explain
     from pytest_ptn.check.package import package_findings
@@ -92,8 +94,6 @@ def _check(backend: Backend, program: UserProgram, sequence: list, workdir: Path
         return [Finding("E2", Stage.LOWER, f"lowering failed: {one_line(e)}")]
     try:
         loaded = backend.load(lowered)
-        for name in program.methods:
-            loaded.load_method(name)
     except Exception as e:
         return [Finding("E2", Stage.LOAD, f"loading failed: {one_line(e)}")]
     inspected = program.inspected()
@@ -103,10 +103,15 @@ def _check(backend: Backend, program: UserProgram, sequence: list, workdir: Path
             k: [m for m, ep in inspected.items() if k in constants_of(ep)] for k in mutable_keys(inspected)
         }
         state_rules = {k: "E3" if len(methods) > 1 else "E4" for k, methods in users.items()}
-    findings, returned = run_calls(loaded, program.eager(), sequence, state_rules)
+    wide = program.eager(torch.float64) if program.reduced_precision else None
+    findings, returned = run_calls(loaded, program.eager(), sequence, state_rules, wide)
+    if any(f.stage == Stage.LOAD for f in findings):
+        return findings
     findings = explain(findings, returned, program, sequence)
+    failed = {f.call for f in findings}
     second = _load_reversed(backend, lowered, program)
-    findings += _second_copy(second, program, sequence, state_rules, {f.call for f in findings})
+    findings += _second_copy(second, program, sequence, state_rules, failed)
+    findings += _loaded_at_first_call(backend.load(lowered), program, sequence, state_rules, failed)
     if Capability.PACKAGE in backend.capabilities:
         findings += package_findings(lowered.package(), inspected)
     if Capability.STORAGE in backend.capabilities:
@@ -125,6 +130,32 @@ def _check(backend: Backend, program: UserProgram, sequence: list, workdir: Path
                 )
             )
     return findings
+
+
+def _loaded_at_first_call(
+    loaded: Loaded,
+    program: UserProgram,
+    sequence: list,
+    state_rules: dict[str, str] | None,
+    failed: set[int | None],
+) -> list[Finding]:
+    """A copy whose methods load at their first call, after the others ran (as
+    ``executorch.extension.module.Module`` loads them): its calls match eager where the up-front copy's
+    did."""
+    import torch
+
+    from pytest_ptn.check.execution import run_calls
+    from pytest_ptn.schedule import LoadSchedule
+
+    schedule = LoadSchedule.AT_FIRST_CALL
+    wide = program.eager(torch.float64) if program.reduced_precision else None
+    findings, _ = run_calls(loaded, program.eager(), sequence, state_rules, wide, schedule)
+    said = schedule.describe([name for name, _ in sequence])
+    return [
+        dataclasses.replace(f, detail=f"{said}: {f.detail}")
+        for f in findings
+        if f.call not in failed and f.rule != "E5"
+    ]
 
 
 def _rejection(
@@ -162,9 +193,12 @@ def _second_copy(
 ) -> list[Finding]:
     """A copy loaded after the first one ran, methods in reverse order: it starts from eager's initial state
     (E4: copies share no state), and its calls match eager where the first copy's did (E1)."""
+    import torch
+
     from pytest_ptn.check.execution import run_calls
 
-    findings, _ = run_calls(second, program.eager(), sequence, state_rules)
+    wide = program.eager(torch.float64) if program.reduced_precision else None
+    findings, _ = run_calls(second, program.eager(), sequence, state_rules, wide)
     return [
         dataclasses.replace(f, rule="E4", detail=f"a second loaded copy: {f.detail}")
         if f.rule == "E5"

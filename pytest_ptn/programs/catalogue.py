@@ -4,10 +4,13 @@ Tags say what a scenario exercises, so each conformance test picks only the scen
 ``valid`` (all programs that must lower), ``collision`` (same name, different tensors), ``dedupe`` (equal
 tensors stored once), ``shared_weight``, ``shared_state``, ``private_state``, ``buffers`` (buffers read,
 so initial values matter), ``state_bytes`` (state equal in bytes to a constant), ``total_collision``,
-``reject``.
+``reject``, ``reduced_precision`` (computed in bf16 or fp16).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
 
 from pytest_ptn.spec import Branch, Constant, Method, ProgramSpec, Scenario, Write
 
@@ -459,6 +462,66 @@ SCENARIOS: tuple[Scenario, ...] = (
             ),
         ),
         "collision",
+    ),
+)
+
+
+def _computed_in(dtype: str, suffix: str, calls: tuple[str, ...] = ()) -> Callable[[Scenario], Scenario]:
+    """The same scenario computed in ``dtype``: its inputs, constants and arithmetic (``calls`` replacing the
+    call sequence where given), tagged ``reduced_precision``."""
+
+    def variant(s: Scenario) -> Scenario:
+        def convert(c: Constant) -> Constant:
+            return c if c.family == "int8_linear" else replace(c, dtype=dtype)
+
+        spec = replace(
+            s.spec,
+            dtype=dtype,
+            methods=tuple(replace(m, constants=tuple(map(convert, m.constants))) for m in s.spec.methods),
+            shared=tuple(map(convert, s.spec.shared)),
+            calls=calls or s.spec.calls,
+        )
+        doc = f"{s.doc} Computed in {dtype}: compared as {dtype} results are (pytest_ptn.comparison)."
+        return replace(
+            s, name=f"{s.name}_in_{suffix}", doc=doc, spec=spec, tags=s.tags | {"reduced_precision"}
+        )
+
+    return variant
+
+
+REDUCED_PRECISION_OF = ("colliding_literals", "same_metadata_different_bytes", "shared_weight", "kv_cache")
+"""The collision scenarios that also run computed in bf16 and in fp16, as real LLMs run."""
+_BASE = {s.name: s for s in SCENARIOS}
+PREFILL_FIRST = ("prefill", "decode", "prefill", "decode")
+"""A runner's order: the KV cache variants start with prefill, so decode first loads after prefill wrote."""
+
+SCENARIOS += tuple(
+    _computed_in(dtype, suffix, PREFILL_FIRST if name == "kv_cache" else ())(_BASE[name])
+    for dtype, suffix in (("bfloat16", "bf16"), ("float16", "fp16"))
+    for name in REDUCED_PRECISION_OF
+)
+SCENARIOS += (
+    _s(
+        "aliased_submodule",
+        "The shared root is also reachable as `rope`, as llama's rope module hangs off the model and every "
+        "layer: its weight `w` and read-only non-persistent `freqs` each have two FQNs (`shared.w`, "
+        "`rope.w`), one tensor: one constant, one allocation, stored once.",
+        ProgramSpec(
+            methods=(
+                Method("prefill", reads=("w", "freqs")),
+                Method(
+                    "decode", (Constant("t", "literal", values=_vals(2, 4, 6, 8)),), reads=("w", "freqs", "t")
+                ),
+            ),
+            shared=(
+                Constant("w", "parameter", shape=(4, 4), seed=50),
+                Constant("freqs", "buffer", shape=(8,), values=_arange(8, start=1.0), persistent=False),
+            ),
+            shared_alias="rope",
+        ),
+        "shared_weight",
+        "dedupe",
+        "buffers",
     ),
 )
 

@@ -34,6 +34,20 @@ def constants_of(ep: ExportedProgram) -> dict[str, ConstantUse]:
     return out
 
 
+def aliases(ep: ExportedProgram) -> dict[str, str]:
+    """key -> the first key naming the same tensor, for every key that is a second name of one (a submodule
+    reachable by several paths gives its tensors several FQNs): one tensor is one constant."""
+    first: dict[tuple[Any, ...], str] = {}
+    out = {}
+    for key, use in constants_of(ep).items():
+        t = use.tensor
+        identity = (t.untyped_storage().data_ptr(), t.storage_offset(), t.dtype, tuple(t.shape), t.stride())
+        owner = first.setdefault(identity, key)
+        if owner != key and t.untyped_storage().nbytes() > 0:
+            out[key] = owner
+    return out
+
+
 def mutable_keys(programs: dict[str, ExportedProgram]) -> set[str]:
     return {k for ep in programs.values() for k in ep.graph_signature.buffers_to_mutate.values()}
 
@@ -70,12 +84,14 @@ def signature(ep: ExportedProgram, finals: dict[str, str]) -> dict[str, list[dic
 def immutable_by_content(
     programs: dict[str, ExportedProgram],
 ) -> dict[tuple[str, str], list[tuple[str, str]]]:
-    """(dtype and shape, sha256 of bytes) -> the (method, key) pairs holding that immutable tensor."""
+    """(dtype and shape, sha256 of bytes) -> the (method, key) pairs holding that immutable tensor, one key
+    per tensor (aliases: a second FQN of a tensor is not a second constant)."""
     mutable = mutable_keys(programs)
     groups: dict[tuple[str, str], list[tuple[str, str]]] = {}
     for method, ep in programs.items():
+        second_names = aliases(ep)
         for key, use in constants_of(ep).items():
-            if key not in mutable:
+            if key not in mutable and key not in second_names:
                 t = use.tensor
                 meta = f"{t.dtype}{tuple(t.shape)}"
                 groups.setdefault((meta, digest(t)), []).append((method, key))
