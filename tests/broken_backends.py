@@ -487,3 +487,41 @@ class InPlaceSave(ReferenceBackend):
 
 BROKEN["X2"] = TrustingReader
 BROKEN["P10"] = InPlaceSave
+
+
+class _ReinitOnLoadLoaded(ReferenceLoaded):
+    """Every method load copies the initial values into the shared state again (executorch 1.5.1
+    ``load_method`` with ``share_mutable_buffers``): harmless when every method loads before the first
+    call."""
+
+    def load_method(self, method: str) -> None:
+        if method not in self._bound:
+            for key, initial in self._initial_state().items():
+                self._state[key].copy_(initial)
+        super().load_method(method)
+
+
+class ReinitOnLateLoad(_WithLoader):
+    """E1/E3 under the at-first-call schedule only: a method loaded after another ran resets shared state."""
+
+    name = "broken-late-load"
+
+    loaded = _ReinitOnLoadLoaded
+
+
+class _UsedNamesOnlyLoaded(ReferenceLoaded):
+    """Allocates only the first FQN of an aliased tensor (AOTInductor never allocates the unused names): the
+    storage of a second name is an identity of its own."""
+
+    def storage(self, method: str, key: str) -> int:
+        if key.startswith("rope."):
+            return id(self) + hash(key)
+        return super().storage(method, key)
+
+
+class UsedNamesOnly(_WithLoader):
+    """Correct, but shows no storage for a tensor's second FQN: no S1 may be reported for it."""
+
+    name = "used-names-only"
+
+    loaded = _UsedNamesOnlyLoaded

@@ -37,7 +37,7 @@ from pytest_ptn.backend import (
     resolve_backend,
 )
 from pytest_ptn.check.findings import Difference, Finding, Stage
-from pytest_ptn.programs.source import Source, UserProgram
+from pytest_ptn.programs.source import ProgramFormError, Source, UserProgram
 from pytest_ptn.reference.planner import StateConflictError
 
 __all__ = ["Difference", "Finding", "Stage", "check_program"]
@@ -67,14 +67,33 @@ def check_program(
     ``program`` is an ``nn.Module`` with those methods, or a mapping of method name -> ``nn.Module`` (its
     forward), callable or ``ExportedProgram``; findings name its tensors by its own FQNs. ``calls`` is the
     call sequence (method, inputs); by default each method once with its example inputs. A backend that
-    cannot run here raises BackendError; a program in none of those forms, ProgramFormError."""
+    cannot run here raises BackendError; a program in none of those forms, or a call its method cannot take
+    (inputs of another shape or dtype than the method was exported for, as the runtime refuses them),
+    ProgramFormError: a usage error of the program, never a finding about the backend."""
     import torch
 
     usable = usable_backend(backend)
     user = UserProgram(program, methods)
     sequence = list(calls) if calls is not None else list(methods.items())
     with torch.no_grad(), tempfile.TemporaryDirectory() as tmp:
+        _refuse_calls(user, sequence)
         return _check(usable, user, sequence, workdir or Path(tmp))
+
+
+def _refuse_calls(program: UserProgram, sequence: list) -> None:
+    from pytest_ptn.programs.exported import call_refusal, input_metas
+
+    inspected = program.inspected()
+    for i, (name, args) in enumerate(sequence):
+        if name not in inspected:
+            raise ProgramFormError(
+                f"call #{i} is to {name!r}, which is not one of the methods {list(inspected)}"
+            )
+        refusal = call_refusal(name, input_metas(inspected[name]), args)
+        if refusal is not None:
+            raise ProgramFormError(
+                f"call #{i} cannot be made: {refusal} (export the method for the inputs you call it with)"
+            )
 
 
 def _check(backend: Backend, program: UserProgram, sequence: list, workdir: Path) -> list[Finding]:

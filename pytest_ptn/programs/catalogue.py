@@ -489,8 +489,15 @@ def _computed_in(dtype: str, suffix: str, calls: tuple[str, ...] = ()) -> Callab
     return variant
 
 
-REDUCED_PRECISION_OF = ("colliding_literals", "same_metadata_different_bytes", "shared_weight", "kv_cache")
-"""The collision scenarios that also run computed in bf16 and in fp16, as real LLMs run."""
+REDUCED_PRECISION_OF = (
+    "colliding_literals",
+    "same_metadata_different_bytes",
+    "shared_weight",
+    "kv_cache",
+    "nonpersistent_written",
+)
+"""The scenarios that also run computed in bf16 and in fp16, as real LLMs run: the collisions, a shared
+weight, a KV cache and a buffer that starts from non-zero values (whose zero-filling must still show)."""
 _BASE = {s.name: s for s in SCENARIOS}
 PREFILL_FIRST = ("prefill", "decode", "prefill", "decode")
 """A runner's order: the KV cache variants start with prefill, so decode first loads after prefill wrote."""

@@ -14,6 +14,7 @@ import torch
 
 from pytest_ptn.backend import Loaded, Lowered, MemoryReading, PackageView
 from pytest_ptn.content import SharingCache
+from pytest_ptn.programs.exported import CallRefused, InputMeta, call_refusal
 from pytest_ptn.reference.package import Package, read_package, view
 from pytest_ptn.reference.planner import STATE
 
@@ -71,8 +72,22 @@ class ReferenceLoaded(Loaded):
         bound = self._bound[method]
         return bound[final] if final in bound else self._state_tensor(method, final)
 
+    def _admits(self, method: str, inputs: Sequence[torch.Tensor]) -> None:
+        """Refuse a call the method was not exported for, as the runtime refuses it (CallRefused)."""
+        sig = self._package.bindings[method]
+        placeholders = self._graphs[method].graph.find_nodes(op="placeholder")
+        metas = [
+            InputMeta.of(node.meta["val"])
+            for node, item in zip(placeholders, sig["inputs"], strict=True)
+            if item["kind"] == "user" and isinstance(node.meta.get("val"), torch.Tensor)
+        ]
+        refusal = call_refusal(method, metas, inputs)
+        if refusal is not None:
+            raise CallRefused(refusal)
+
     def run(self, method: str, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         self.load_method(method)
+        self._admits(method, inputs)
         sig = self._package.bindings[method]
         args = [
             inputs[item["index"]] if item["kind"] == "user" else self._tensor(method, item["final"])
