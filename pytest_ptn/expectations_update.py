@@ -97,6 +97,9 @@ def plan(
     cells = outcomes_by_cell(rows)
     failing = {c for c, rs in cells.items() if any(r.outcome in FAILING for r in rs)}
     passing = {c for c, rs in cells.items() if any(r.outcome in PASSING for r in rs)}
+    # A cell whose tests fail under one load schedule and pass under the other: its entry names the schedule.
+    one_schedule = {c: s for c in failing & passing if (s := _failing_schedule(cells[c])) is not None}
+    passing = passing - set(one_schedule)
     update = Update(path, backend)
     update.notes += [
         f"{rule} {scenario}: some tests fail and some pass; one entry cannot tell them apart, so the passing "
@@ -105,8 +108,17 @@ def plan(
     ]
     final: list[Planned] = []
     for index, entry in enumerate(entries):
-        if entry.scenario != ANY_SCENARIO:
-            passes = (entry.rule, entry.scenario) in passing - failing
+        cell = (entry.rule, entry.scenario)
+        if cell in one_schedule and entry.schedule is None:  # narrowed to the schedule it fails under
+            update.stale.append(entry)
+            scheduled = dataclasses.replace(entry, schedule=one_schedule[cell])
+            update.kept.append(scheduled)
+            final.append((scheduled, None))
+            continue
+        if cell in one_schedule:
+            passes = entry.schedule != one_schedule[cell]
+        elif entry.scenario != ANY_SCENARIO:
+            passes = cell in passing - failing
         else:
             passes = any(rule == entry.rule for rule, _ in passing - failing)
         if not passes:
@@ -120,12 +132,23 @@ def plan(
             update.kept += narrowed
             final += [(e, None) for e in narrowed]
     for cell in sorted(failing, key=_cell_order):
-        if not any(e.matches(backend, [cell[0]], cell[1]) for e, _ in final):
+        schedule = one_schedule.get(cell)
+        if not any(e.matches(backend, [cell[0]], cell[1], schedule) for e, _ in final):
             first = next(r for r in cells[cell] if r.outcome in FAILING)
-            new = Expectation(backend, cell[0], cell[1], reason_of(first.reason), "", path)
+            reason = reason_of(first.reason)
+            new = Expectation(backend, cell[0], cell[1], reason, "", path, schedule)
             update.added.append(new)
             final.append((new, None))
     return update, final
+
+
+def _failing_schedule(rows: list[results.Result]) -> str | None:
+    """The one load schedule under which a cell's tests fail while they pass under every other, or None."""
+    failing = {r.schedule for r in rows if r.outcome in FAILING}
+    passing = {r.schedule for r in rows if r.outcome in PASSING}
+    if len(failing) == 1 and None not in failing and not failing & passing:
+        return next(iter(failing))
+    return None
 
 
 def _cell_order(cell: Cell) -> tuple[tuple[int, str], str]:
@@ -162,6 +185,8 @@ def _table(entry: Expectation) -> Any:
     table.add("rule", entry.rule)
     table.add("scenario", entry.scenario)
     table.add("reason", entry.reason)
+    if entry.schedule is not None:
+        table.add("schedule", entry.schedule)
     link = tomlkit.string(entry.link)
     if not entry.link:
         link.comment(LINK_TO_FILL)

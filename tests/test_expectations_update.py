@@ -7,6 +7,8 @@ check the planning and the file text on hand-made results.
 
 from __future__ import annotations
 
+import dataclasses
+
 from pathlib import Path
 
 import pytest
@@ -134,6 +136,27 @@ def test_an_any_scenario_entry_is_narrowed_to_what_still_fails() -> None:
     rows = [row("X1", "a", results.XFAIL), row("X1", "b", results.XPASS), row("X1", "c", results.XFAIL)]
     assert planned([entry("X1", "*")], rows) == [("X1", "a", LINK), ("X1", "c", LINK)]
     assert planned([entry("X1", "*")], [r for r in rows if r.scenario != "b"]) == [("X1", "*", LINK)]
+
+
+def test_a_failure_under_one_load_schedule_gets_an_entry_for_that_schedule() -> None:
+    def at(schedule: str, outcome: str) -> results.Result:
+        r = row("E1", "a", outcome, "late load resets the cache", test=f"t-{schedule}")
+        return dataclasses.replace(r, schedule=schedule)
+
+    rows = [at("up_front", results.PASS), at("at_first_call", results.FAIL)]
+    update, final = expectations_update.plan(Path("x.toml"), "reference", [], rows)
+    assert [(e.rule, e.scenario, e.schedule) for e, _ in final] == [("E1", "a", "at_first_call")]
+    assert not update.notes
+    assert 'schedule = "at_first_call"' in expectations_update.render("", final)
+    # an entry for every schedule is narrowed to the one that still fails, reason and link kept
+    rows = [at("up_front", results.XPASS), at("at_first_call", results.XFAIL)]
+    _, final = expectations_update.plan(Path("x.toml"), "reference", [entry("E1", "a")], rows)
+    assert [(e.schedule, e.link) for e, _ in final] == [("at_first_call", LINK)]
+    # a scheduled entry stays when the other schedule starts failing too, which gets an entry of its own
+    rows = [at("up_front", results.FAIL), at("at_first_call", results.XFAIL)]
+    scheduled = dataclasses.replace(entry("E1", "a"), schedule="at_first_call")
+    _, final = expectations_update.plan(Path("x.toml"), "reference", [scheduled], rows)
+    assert [e.schedule for e, _ in final] == ["at_first_call", None]
 
 
 def test_a_cell_with_failing_and_passing_tests_is_kept_and_noted() -> None:

@@ -232,6 +232,7 @@ def _rows(record: _Record, backends: set[str]) -> list[results.Result]:
             repro=props.get("ptn_repro", f"pytest '{record.nodeid}'"),
             seed=int(seed) if seed is not None and seed.lstrip("-").isdigit() else None,
             nodeid=record.nodeid,
+            schedule=props.get("ptn_schedule"),
         )
         for rule in rules
     ]

@@ -64,6 +64,8 @@ class Result:
     repro: str
     seed: int | None
     nodeid: str
+    schedule: str | None = None
+    """The load schedule the test ran under (pytest_ptn.schedule), for the E tests; None elsewhere."""
 
 
 @dataclass
@@ -150,7 +152,10 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "repro": (str,),
     "seed": (int, type(None)),
     "nodeid": (str,),
+    "schedule": (str, type(None)),
 }
+OPTIONAL_FIELDS = {"schedule": None}
+"""Fields a row written before they existed may lack, with the value that means."""
 
 
 def _result(index: int, row: Any) -> Result:
@@ -159,6 +164,7 @@ def _result(index: int, row: Any) -> Result:
     if not isinstance(row, dict):
         raise ResultsFormatError(f"{where} is not an object: {reprlib.repr(row)}")
     where += f" ({reprlib.repr(row.get('nodeid'))})"
+    row = {**OPTIONAL_FIELDS, **row}
     if set(row) != set(_FIELD_TYPES):
         fields = ", ".join(sorted(set(row) ^ set(_FIELD_TYPES)))
         raise ResultsFormatError(f"{where}: missing or unknown fields: {fields}")
