@@ -8,7 +8,6 @@ check the planning and the file text on hand-made results.
 from __future__ import annotations
 
 import dataclasses
-
 from pathlib import Path
 
 import pytest
