@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
 import time
 import zipfile
 from collections.abc import Mapping
@@ -398,6 +399,27 @@ class ThreadUnsafe(_Loader):
 
     def make_cache(self):
         return _RacyCache()
+
+
+class _SometimesRacyCache(content.SharingCache):
+    """The race of _RacyCache, but only when the thread that misses first happens to be slow to insert."""
+
+    def share(self, host, materialize=torch.clone):
+        key = content.ContentKey.of(host)
+        cached = self._tensors.get(key)
+        if cached is None:
+            time.sleep(random.choice((0.0, 0.02)))
+            cached = self._tensors[key] = materialize(host)
+        return cached
+
+
+class SometimesThreadUnsafe(_Loader):
+    """S7 by chance: one concurrent load of a case may race or not (not in BROKEN: a baseline test's)."""
+
+    name = "broken-s7-sometimes"
+
+    def make_cache(self):
+        return _SometimesRacyCache()
 
 
 class VagueErrors(ReferenceBackend):
