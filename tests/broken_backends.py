@@ -175,10 +175,10 @@ class _WithLoader(ReferenceBackend):
 class _KeyedByNameLoaded(ReferenceLoaded):
     """Binds constants program-wide by the key the method uses: the first method to load a key wins."""
 
-    def _bind(self, method: str, key: str, final: str) -> torch.Tensor:
+    def bind(self, method: str, key: str, final: str) -> torch.Tensor:
         by_key = self.__dict__.setdefault("_by_key", {})
         if key not in by_key:
-            by_key[key] = super()._bind(method, key, final)
+            by_key[key] = super().bind(method, key, final)
         return by_key[key]
 
 
@@ -206,7 +206,7 @@ class RejectsCollisions(ReferenceBackend):
 
 
 class _StatePerMethodLoaded(ReferenceLoaded):
-    def _state_tensor(self, method: str, final: str) -> torch.Tensor:
+    def state_tensor(self, method: str, final: str) -> torch.Tensor:
         copies = self.__dict__.setdefault("_copies", {})
         return copies.setdefault((method, final), self._state[final].clone())
 
@@ -220,9 +220,9 @@ class StateCopiedPerMethod(_WithLoader):
 
 
 class _ArenaLoaded(ReferenceLoaded):
-    def _initial_state(self) -> dict[str, torch.Tensor]:
+    def initial_state(self) -> dict[str, torch.Tensor]:
         arena: dict[tuple, torch.Tensor] = {}
-        state = super()._initial_state()
+        state = super().initial_state()
         return {k: arena.setdefault((t.dtype, tuple(t.shape)), t) for k, t in state.items()}
 
 
@@ -235,8 +235,8 @@ class SharedArena(_WithLoader):
 
 
 class _ZeroStateLoaded(ReferenceLoaded):
-    def _initial_state(self) -> dict[str, torch.Tensor]:
-        return {k: torch.zeros_like(t) for k, t in super()._initial_state().items()}
+    def initial_state(self) -> dict[str, torch.Tensor]:
+        return {k: torch.zeros_like(t) for k, t in super().initial_state().items()}
 
 
 class ZeroInitState(_WithLoader):
@@ -325,9 +325,9 @@ _PROCESS_WIDE: dict[str, torch.Tensor] = {}
 
 
 class _ProcessWideLoaded(ReferenceLoaded):
-    def _bind(self, method: str, key: str, final: str) -> torch.Tensor:
+    def bind(self, method: str, key: str, final: str) -> torch.Tensor:
         if final not in _PROCESS_WIDE:
-            _PROCESS_WIDE[final] = super()._bind(method, key, final)
+            _PROCESS_WIDE[final] = super().bind(method, key, final)
         return _PROCESS_WIDE[final]
 
 
@@ -342,14 +342,14 @@ class ProcessWideByName(_WithLoader):
 class _OrderedLoaded(ReferenceLoaded):
     """Shares only with methods that loaded earlier and sort before the current one."""
 
-    def _bind(self, method: str, key: str, final: str) -> torch.Tensor:
+    def bind(self, method: str, key: str, final: str) -> torch.Tensor:
         local = self.__dict__.setdefault("_local", {})
-        host = self._package.tensor(final)
+        host = self.package_tensor(final)
         key = content.ContentKey.of(host)
         for (other, other_key), t in local.items():
             if other < method and other_key == key:
                 return t
-        return local.setdefault((method, key), self._allocate(host))
+        return local.setdefault((method, key), self.allocate(host))
 
 
 class OrderDependent(_WithLoader):
@@ -364,8 +364,8 @@ class _ReuploadLoaded(ReferenceLoaded):
     """Uploads every constant to compare it with the cache, then frees the copy on a hit (PR #21959's
     first attempt, which ran out of CUDA memory)."""
 
-    def _bind(self, method: str, key: str, final: str) -> torch.Tensor:
-        uploaded = self._allocate(self._package.tensor(final))
+    def bind(self, method: str, key: str, final: str) -> torch.Tensor:
+        uploaded = self.allocate(self.package_tensor(final))
         shared = self._cache.share(uploaded, lambda t: t)
         if shared is not uploaded:
             self._allocated -= uploaded.numel() * uploaded.element_size()

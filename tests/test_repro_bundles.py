@@ -65,7 +65,9 @@ def test_a_failing_case_bundle_replays_its_failure_in_a_fresh_folder(
     )
     assert replay.returncode == 1, replay.stdout + replay.stderr
     printed = [line.strip() for line in replay.stdout.splitlines()]
-    assert printed[: len(mismatch_lines) + 1] == ["outputs differ from eager:", *mismatch_lines], replay.stdout
+    assert printed[: len(mismatch_lines) + 1] == ["outputs differ from eager:", *mismatch_lines], (
+        replay.stdout
+    )
     # the storage defect behind it, which a replay of the calls alone would not show
     topology = printed[len(mismatch_lines) + 1 :]
     assert topology[0] == "the loader's sharing topology is wrong:", replay.stdout

@@ -43,7 +43,8 @@ def _md(text: str) -> str:
     return html.escape(" ".join(text.split()), quote=False)
 
 
-def _fenced(text: str, language: str = "") -> list[str]:
+def fenced(text: str, language: str = "") -> list[str]:
+    """A Markdown code block of ``text`` as it is, its fence longer than any run of backticks inside."""
     fence = "```"
     while fence in text:
         fence += "`"
@@ -61,7 +62,7 @@ def markdown_lines(causes: Sequence[Cause]) -> list[str]:
             f"   explains {_md(cause.explains())}{_md(_joined(cause))}<br>",
             f"   example: {_md(example.title)}; reproduce:",
             "",
-            *[f"   {line}" for line in _fenced(example.result.repro, "sh")],
+            *[f"   {line}" for line in fenced(example.result.repro, "sh")],
             "",
             f"   <details><summary>the {len(cause.found)} tests</summary>",
             "",

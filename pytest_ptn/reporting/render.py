@@ -8,8 +8,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from pytest_ptn.reporting import cause_views
+from pytest_ptn.reporting.cause_views import fenced
 from pytest_ptn.reporting.causes import cause_of, find_causes
 from pytest_ptn.reporting.matrix import Cell, CellChange, Finding, Matrix, build_matrix, findings
+from pytest_ptn.reporting.reasons import headline
 from pytest_ptn.reporting.results import (
     FAIL,
     NOT_APPLICABLE,
@@ -161,18 +163,29 @@ def _md_lines(text: str) -> str:
     return "<br>".join(_md(line) for line in text.splitlines() if line.strip())
 
 
+MD_CELL_LINES = 6
+"""A reason longer than this (a fuzz failure's program) gets its first finding in the table and its whole
+text in a code block below it, which pastes as it was printed."""
+
+
 def _md_results_table(found: Sequence[Finding]) -> list[str]:
     lines = ["| rule | backend | scenario | outcome | reason | reproduce |", "|---|---|---|---|---|---|"]
+    blocks: list[str] = []
     for finding in found:
         r = finding.result
         scenario = r.scenario or ""
         if r.seed is not None:
             scenario += f" (seed {r.seed})"
+        reason = _md_lines(r.reason)
+        if len([line for line in r.reason.splitlines() if line.strip()]) > MD_CELL_LINES:
+            reason = f"{_md(headline(r.reason))}<br>(whole text below: {_md(finding.title)})"
+            blocks += [f"<details><summary>{_md(finding.title)}: the whole text</summary>", ""]
+            blocks += [*fenced(r.reason), "", "</details>", ""]
         lines.append(
             f"| {_md(', '.join(finding.rules))} | {_md(r.backend)} | {_md(scenario)} | {r.outcome} | "
-            f"{_md_lines(r.reason)} | {_md_code(r.repro)} |"
+            f"{reason} | {_md_code(r.repro)} |"
         )
-    return lines
+    return lines + ([""] + blocks if blocks else [])
 
 
 def render_markdown(doc: Results, changes: Sequence[CellChange] | None = None) -> str:
