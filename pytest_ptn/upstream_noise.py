@@ -148,14 +148,19 @@ def quiet_logs() -> Iterator[None]:
 
 def culprit(filename: str, frame: types.FrameType | None) -> str:
     """The package a warning is told as coming from: that of the file it is attributed to, unless that file
-    is the standard library's (``copyreg`` re-creating an object a deprecated class warns about), when it
-    is the package of the nearest caller outside the standard library (``frame``: where warn was called)."""
+    is the standard library's (``copyreg`` re-creating an object whose class is deprecated), when it is the
+    package of the code that called ``warn`` (``frame`` and out: the first frame outside the standard
+    library), or of the class being created there when that is a ``__new__`` (a deprecation decorator's,
+    ``typing_extensions.deprecated``, warns on behalf of the class it wraps)."""
     if not in_stdlib(filename):
         return package_of(filename)
     while frame is not None:
-        code = frame.f_code.co_filename
-        if code != filename and not in_stdlib(code) and code != __file__:
-            return package_of(code)
+        code = frame.f_code
+        if not in_stdlib(code.co_filename) and code.co_filename != __file__:
+            created = frame.f_locals.get("cls") if code.co_name == "__new__" else None
+            if isinstance(created, type):
+                return created.__module__.split(".")[0]
+            return package_of(code.co_filename)
         frame = frame.f_back
     return package_of(filename)
 
