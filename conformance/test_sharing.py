@@ -15,7 +15,7 @@ from pytest_ptn.check.storage import (
     split_identical_findings,
     topology,
 )
-from pytest_ptn.harness import Case, fail_on
+from pytest_ptn.harness import Case, fail_on, fail_with
 from pytest_ptn.programs.exported import (
     immutable_by_content,
     unique_immutable_bytes,
@@ -41,7 +41,7 @@ def test_identical_constants_share_one_allocation(ptn_case: Case) -> None:
     programs = ptn_case.exported()
     storages = topology(_load_all(ptn_case), programs)
     wrong = [str(f) for f in split_identical_findings(storages, immutable_by_content(programs))]
-    assert not wrong, "\n".join(wrong)
+    fail_with(wrong)
 
 
 @pytest.mark.S2
@@ -50,7 +50,7 @@ def test_same_name_different_content_is_never_shared(ptn_case: Case) -> None:
     programs = ptn_case.exported()
     storages = topology(_load_all(ptn_case), programs)
     wrong = _as("S2", shared_differing_findings(storages, immutable_by_content(programs)))
-    assert not wrong, "\n".join(wrong)
+    fail_with(wrong)
     fail_on(ptn_case.run_sequence(ptn_case.load()), "outputs differ from eager")
 
 
@@ -61,7 +61,7 @@ def test_later_method_with_every_name_cached_is_still_checked(ptn_case: Case) ->
     loaded = _load_all(ptn_case)
     storages = topology(loaded, programs)
     wrong = _as("S3", shared_differing_findings(storages, immutable_by_content(programs)))
-    assert not wrong, "\n".join(wrong)
+    fail_with(wrong)
     fail_on(ptn_case.run_sequence(loaded), "outputs differ from eager after loading every method")
 
 
@@ -82,7 +82,7 @@ def test_two_programs_in_one_process_do_not_leak(
             mismatches.append(
                 f"call #{i} {call.method}() of the second program reads the first program's data"
             )
-    assert not mismatches, "\n".join(mismatches)
+    fail_with(mismatches)
 
 
 @pytest.mark.S5
