@@ -24,6 +24,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
+from typing import TextIO
 
 SHOW_OPTION = "--ptn-upstream-logs"
 """The pytest option under which upstream warnings and logs go through to pytest as usual."""
@@ -86,7 +87,14 @@ def contained(tally: Tally | None = None) -> Iterator[None]:
     token = _DECIDED.set(True)
     caught: list[tuple[str, str]] = []
 
-    def note(message: Warning | str, category: type[Warning], filename: str, *rest: object) -> None:
+    def note(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:
         caught.append((category.__name__, culprit(filename, sys._getframe(1))))
 
     try:
