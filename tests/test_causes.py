@@ -81,3 +81,12 @@ def test_reports_lead_with_the_causes(tmp_path: Path) -> None:
     assert md.index("### Causes") < md.index("### MUST rules")
     page = (tmp_path / "index.html").read_text()
     assert page.index("<h2>Causes</h2>") < page.index('<table class="matrix">')
+
+
+def test_sharing_across_names_is_the_wider_cause_of_by_name_reads() -> None:
+    """A cache keyed by metadata reads another method's same-named tensor too: one defect, not two."""
+    across = SHARED.replace("prefill''s 'w'", "decode''s 'v'")
+    rows = [row("E1", "a", READ + "'prefill''s 'w'"), row("S2", "a", SHARED), row("S2", "b", across)]
+    [cause] = causes.find_causes(rows)
+    assert cause.evidence.kind == causes.SHARES_DIFFERING
+    assert cause.summary.endswith("method 'decode''s 'w' is method 'decode''s 'v'")
