@@ -206,7 +206,7 @@ class RejectsCollisions(ReferenceBackend):
 
 
 class _StatePerMethodLoaded(ReferenceLoaded):
-    def state_tensor(self, method: str, final: str) -> torch.Tensor:
+    def _state_tensor(self, method: str, final: str) -> torch.Tensor:
         copies = self.__dict__.setdefault("_copies", {})
         return copies.setdefault((method, final), self._state[final].clone())
 
@@ -220,9 +220,9 @@ class StateCopiedPerMethod(_WithLoader):
 
 
 class _ArenaLoaded(ReferenceLoaded):
-    def initial_state(self) -> dict[str, torch.Tensor]:
+    def _initial_state(self) -> dict[str, torch.Tensor]:
         arena: dict[tuple, torch.Tensor] = {}
-        state = super().initial_state()
+        state = super()._initial_state()
         return {k: arena.setdefault((t.dtype, tuple(t.shape)), t) for k, t in state.items()}
 
 
@@ -235,8 +235,8 @@ class SharedArena(_WithLoader):
 
 
 class _ZeroStateLoaded(ReferenceLoaded):
-    def initial_state(self) -> dict[str, torch.Tensor]:
-        return {k: torch.zeros_like(t) for k, t in super().initial_state().items()}
+    def _initial_state(self) -> dict[str, torch.Tensor]:
+        return {k: torch.zeros_like(t) for k, t in super()._initial_state().items()}
 
 
 class ZeroInitState(_WithLoader):

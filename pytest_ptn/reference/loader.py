@@ -29,20 +29,20 @@ class ReferenceLowered(Lowered):
 
 class ReferenceLoaded(Loaded):
     """The reference loader, and a base for a loader of one's own: ``bind`` decides which tensor each
-    method's constant gets (sharing through the cache by content), ``allocate`` makes the loader's copy,
-    ``initial_state`` and ``state_tensor`` decide the mutable state. Overriding them is the supported way
-    to put another binding or cache under the suite (``python -m pytest_ptn new-backend`` writes one)."""
+    method's constant gets (sharing through the cache by content), from ``package_tensor`` (the stored
+    bytes) and ``allocate`` (the loader's copy, counted for S6). Overriding ``bind`` is the supported way to
+    put another binding or cache under the suite (``python -m pytest_ptn new-backend`` writes one)."""
 
     def __init__(self, package: Package, graphs: dict[str, torch.fx.GraphModule], cache: SharingCache):
         self._package = package
         self._graphs = graphs
         self._cache = cache
-        self._state = self.initial_state()
+        self._state = self._initial_state()
         self._bound: dict[str, dict[str, torch.Tensor]] = {}
         self._allocated = 0
         self._peak = 0
 
-    def initial_state(self) -> dict[str, torch.Tensor]:
+    def _initial_state(self) -> dict[str, torch.Tensor]:
         """A private, writable copy of every state entry: loaded copies never share state (E4)."""
         return {k: self._package.tensor(k).clone() for k in self._package.state_keys}
 
@@ -60,8 +60,7 @@ class ReferenceLoaded(Loaded):
         """The tensor ``method``'s constant ``key`` (stored as ``final``) runs with, once per method load."""
         return self._cache.share(self.package_tensor(final), self.allocate)
 
-    def state_tensor(self, method: str, final: str) -> torch.Tensor:
-        """The mutable state ``final`` as ``method`` reads and writes it."""
+    def _state_tensor(self, method: str, final: str) -> torch.Tensor:
         return self._state[final]
 
     def _constants(self, method: str) -> list[dict[str, Any]]:
@@ -80,7 +79,7 @@ class ReferenceLoaded(Loaded):
 
     def _tensor(self, method: str, final: str) -> torch.Tensor:
         bound = self._bound[method]
-        return bound[final] if final in bound else self.state_tensor(method, final)
+        return bound[final] if final in bound else self._state_tensor(method, final)
 
     def run(self, method: str, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         self.load_method(method)
@@ -94,7 +93,7 @@ class ReferenceLoaded(Loaded):
         results = []
         for item, value in zip(sig["outputs"], outs, strict=True):
             if item["kind"] == "state":
-                self.state_tensor(method, item["final"]).copy_(value)
+                self._state_tensor(method, item["final"]).copy_(value)
             elif item["kind"] == "input":
                 inputs[item["index"]].copy_(value)
             else:
