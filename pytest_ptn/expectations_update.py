@@ -69,6 +69,11 @@ class Update:
         return lines + [f"note: {note}" for note in self.notes]
 
 
+def reason_of(failure: str) -> str:
+    """A new entry's reason: the failure's first finding, not the header it opens with."""
+    return reasons.headline(failure)
+
+
 def outcomes_by_cell(rows: Iterable[results.Result]) -> dict[Cell, list[results.Result]]:
     cells: dict[Cell, list[results.Result]] = defaultdict(list)
     for row in rows:
@@ -114,7 +119,7 @@ def plan(
     for cell in sorted(failing, key=_cell_order):
         if not any(e.matches(backend, [cell[0]], cell[1]) for e, _ in final):
             first = next(r for r in cells[cell] if r.outcome in FAILING)
-            new = Expectation(backend, cell[0], cell[1], reasons.headline(first.reason), "", path)
+            new = Expectation(backend, cell[0], cell[1], reason_of(first.reason), "", path)
             update.added.append(new)
             final.append((new, None))
     return update, final
