@@ -4,6 +4,7 @@ python -m pytest_ptn --version
 python -m pytest_ptn list {backends,scenarios,rules} [--json]
 python -m pytest_ptn report merge A.json B.json ... -o OUTDIR [--previous OLD.json]
 python -m pytest_ptn expectations update RESULTS.json [--file EXPECTATIONS.toml]
+python -m pytest_ptn new-backend NAME [--into DIR]
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pytest_ptn import DISTRIBUTION, __version__, expectations, expectations_update, inventory
+from pytest_ptn import DISTRIBUTION, __version__, expectations, expectations_update, inventory, skeleton
 from pytest_ptn.backend import BackendError
 from pytest_ptn.reporting import matrix, render, results
 from pytest_ptn.ruleset import SPEC_VERSION
@@ -80,13 +81,29 @@ def main(argv: list[str] | None = None) -> int:
         help="the expectations file to update or create (default: <backend>.toml here, for each backend run)",
     )
     update.set_defaults(run=_update_expectations)
+    new_backend = commands.add_parser(
+        "new-backend",
+        help="write a backend package to fill in: entry point, Backend subclass, tests",
+        description="Writes NAME-ptn/ (pyproject.toml with the entry point, NAME_ptn/backend.py, tests/, "
+        "README.md): the reference backend under the name NAME, green on the suite, with the lowering and "
+        "the loader's binding to replace with your own.",
+    )
+    new_backend.add_argument("name", metavar="NAME")
+    new_backend.add_argument("--into", type=Path, default=Path.cwd(), metavar="DIR", help="default: here")
+    new_backend.set_defaults(run=_new_backend)
     args = parser.parse_args(argv)
     try:
         return int(args.run(args))
     except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as shell tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (OSError, results.ResultsFormatError, expectations.ExpectationsError, BackendError) as exc:
+    except (
+        OSError,
+        results.ResultsFormatError,
+        expectations.ExpectationsError,
+        BackendError,
+        skeleton.SkeletonError,
+    ) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
@@ -122,6 +139,14 @@ def _update_expectations(args: argparse.Namespace) -> int:
         print("\n".join(update.summary()))
     if not updates:
         print(f"{args.results} holds no conformance results: nothing to write")
+    return 0
+
+
+def _new_backend(args: argparse.Namespace) -> int:
+    written = skeleton.write(args.name, args.into)
+    print("\n".join(f"wrote {path}" for path in written))
+    root = written[0].parent
+    print(f"next: cd {root} && pip install -e . && pytest")
     return 0
 
 

@@ -23,6 +23,7 @@ from pytest_ptn import DISTRIBUTION
 if TYPE_CHECKING:
     import torch
 
+    from pytest_ptn.programs.build import EagerCall
     from pytest_ptn.spec import Scenario
 
 ENTRY_POINT_GROUP = "pytest_ptn.backends"
@@ -98,6 +99,20 @@ class Lowered(ABC):
 
     def package(self) -> PackageView:
         raise NotImplementedError(f"{type(self).__name__} has no package view")
+
+    def files(self) -> dict[str, Path]:
+        """What this lowering wrote, by the attribute that holds each path (``path``, and e.g. a ``.ptd``'s
+        ``data_path``): a repro bundle copies them, and points the same attributes of a new lowering of the
+        program at the copies."""
+        return {"path": self.path}
+
+    def bundle_scripts(
+        self, calls_file: str, files: dict[str, str], calls: Sequence[EagerCall]
+    ) -> dict[str, str]:
+        """Extra scripts for a repro bundle, file name -> text: e.g. the same replay through the backend's own
+        runtime alone, for its engineers. ``files`` says where each of ``files()`` lies in the bundle and
+        ``calls_file`` where the calls are (safetensors: ``<call>/<inputs|outputs|inputs_after>/<index>``)."""
+        return {}
 
 
 class Loaded(ABC):

@@ -107,7 +107,8 @@ class ExpectationFile:
         if unlinked:
             lines.append(
                 f"ptn expectations: {len(unlinked)} of {self.path.name} without a link (first: "
-                f"{unlinked[0].rule} {unlinked[0].scenario}): add the upstream issue each one waits on"
+                f"{unlinked[0].rule} {unlinked[0].scenario}): add the issue that tracks each one (yours or "
+                "upstream)"
             )
         return lines
 

@@ -26,7 +26,7 @@ from packaging.version import InvalidVersion, Version
 from pytest_ptn import DISTRIBUTION
 from pytest_ptn.backend import Backend, availability_of, resolve_backend
 from pytest_ptn.expectations import ANY_SCENARIO, Expectation, ExpectationFile, ExpectationsError, read
-from pytest_ptn.reporting import results
+from pytest_ptn.reporting import reasons, results
 from pytest_ptn.reporting.collect import NO_BACKEND
 from pytest_ptn.ruleset import RULES
 
@@ -37,7 +37,7 @@ only entry that matches them."""
 FAILING = (results.FAIL, results.XFAIL)
 PASSING = (results.PASS, results.XPASS)
 
-LINK_TO_FILL = "to fill in: the upstream issue or PR this failure waits on"
+LINK_TO_FILL = "to fill in: the issue or PR that tracks this failure, in your tracker or upstream"
 """The comment a new entry's empty ``link`` carries in the file."""
 
 
@@ -70,11 +70,8 @@ class Update:
 
 
 def reason_of(failure: str) -> str:
-    """The failure's first line that says something: not an ``assert`` expression pytest re-renders below a
-    test's own message, and without the ``AssertionError:`` every such message starts with."""
-    lines = [line for line in failure.splitlines() if line.strip()]
-    said = [line for line in lines if not line.lstrip().startswith("assert ")] or lines
-    return results.one_line(said[0]).removeprefix("AssertionError: ") if said else "fails"
+    """A new entry's reason: the failure's first finding, not the header it opens with."""
+    return reasons.headline(failure)
 
 
 def outcomes_by_cell(rows: Iterable[results.Result]) -> dict[Cell, list[results.Result]]:
@@ -247,7 +244,7 @@ def new_head(backend: str, requires: dict[str, str], provenance: dict[str, str])
         f"Known failures of `{backend}`, measured with {DISTRIBUTION} {provenance.get('pytest_ptn', '?')} "
         f"({measured})",
         "and written by `python -m pytest_ptn expectations update`. Each entry is a strict xfail: one that",
-        "starts passing fails the run as stale. Fill in each empty `link` with the upstream issue.",
+        "starts passing fails the run as stale. Fill in each empty `link` with the issue that tracks it.",
     ):
         doc.add(tomlkit.comment(line))
     doc.add("backend", backend)

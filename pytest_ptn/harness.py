@@ -254,6 +254,15 @@ def fail_on(mismatches: list[Mismatch], what: str) -> None:
         pytest.fail(f"{what}:\n  {lines}{more}", pytrace=False)
 
 
+def fail_with(findings: list[str]) -> None:
+    """Fail the calling test with its findings, one a line, printed once: an ``assert not findings, ...``
+    would print them twice (the message, then pytest's rendering of the list)."""
+    if findings:
+        import pytest
+
+        pytest.fail("\n".join(findings), pytrace=False)
+
+
 def check_spec(backend: Backend, spec: ProgramSpec, workdir: Path) -> list[Mismatch]:
     """Lower, load and run one program spec on ``backend`` under every load schedule: every way it differs
     from eager (E1), each mismatch naming the schedule it showed under.

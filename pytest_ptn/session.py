@@ -16,7 +16,11 @@ if TYPE_CHECKING:
 
     from pytest_ptn.backend import Lowered
     from pytest_ptn.programs.user import NamedProgram, UserScenario
-    from pytest_ptn.spec import Scenario
+    from pytest_ptn.spec import ProgramSpec, Scenario
+
+FAILING_PROGRAM: pytest.StashKey[ProgramSpec] = pytest.StashKey()
+"""On a test item that draws its own programs (the fuzz test): the program it failed on, for a repro
+bundle."""
 
 
 @dataclass

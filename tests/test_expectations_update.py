@@ -14,7 +14,7 @@ import pytest
 
 from pytest_ptn import expectations, expectations_update
 from pytest_ptn.__main__ import main
-from pytest_ptn.reporting import results
+from pytest_ptn.reporting import reasons, results
 
 TESTS = Path(__file__).resolve().parent
 QUIET = ("-p", "no:cacheprovider")
@@ -171,10 +171,14 @@ def test_a_cell_with_failing_and_passing_tests_is_kept_and_noted() -> None:
         ("AssertionError: ValueError: 'x' does not name ['state']\nassert not ['state']", "ValueError: 'x'"),
         ("assert 1 == 2\n\nE1: decode differs from eager", "E1: decode differs from eager"),
         ("setup: RuntimeError: lowering failed", "setup: RuntimeError: lowering failed"),
+        (
+            "Failed: outputs differ from eager:\n  call #1 decode(): value 0 (reads 'w') is 2, eager 1\n  #3",
+            "outputs differ from eager: call #1 decode(): value 0 (reads 'w') is 2, eager 1",
+        ),
     ],
 )
 def test_the_reason_is_the_first_line_that_says_something(failure: str, reason: str) -> None:
-    assert expectations_update.reason_of(failure).startswith(reason)
+    assert reasons.headline(failure).startswith(reason)
 
 
 OLD = f"""# measured by hand

@@ -18,12 +18,15 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_ptn import upstream_noise
 from pytest_ptn.backend import Availability, Backend, Capability, Loaded, Lowered, package_version
+from pytest_ptn.backends import pte_replay
 
 if TYPE_CHECKING:
     import torch
     from executorch.exir import ExecutorchBackendConfig
     from executorch.runtime import Method, Program
     from torch.export import ExportedProgram
+
+    from pytest_ptn.programs.build import EagerCall
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,14 @@ class PteLowered(Lowered):
         self.path = path
         self.data_path = data_path
         self.methods = methods
+
+    def files(self) -> dict[str, Path]:
+        return {"path": self.path, **({"data_path": self.data_path} if self.data_path is not None else {})}
+
+    def bundle_scripts(
+        self, calls_file: str, files: dict[str, str], calls: Sequence[EagerCall]
+    ) -> dict[str, str]:
+        return {pte_replay.SCRIPT: pte_replay.runtime_script(self, calls_file, files, calls)}
 
 
 class PteLoaded(Loaded):

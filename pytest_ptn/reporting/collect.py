@@ -166,7 +166,7 @@ class ConformanceReporter:
             return tw.markup(text, **_COLOURS.get(status, {}))
 
         terminalreporter.write_sep("=", f"ptn conformance (spec v{SPEC_VERSION})")
-        for line in render.render_text(self.document({}), paint):
+        for line in render.render_text(self.document({}), paint, pytest_showed=True):
             terminalreporter.write_line(line)
         if self.written:
             others = ", ".join(p.name for p in self.written[:-1])

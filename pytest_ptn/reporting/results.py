@@ -195,8 +195,11 @@ def load(path: Path) -> Results:
         raise ResultsFormatError(f"{path}: {exc}") from exc
 
 
-def save(doc: Results, path: Path) -> None:
-    path.write_text(json.dumps(to_dict(doc), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+def save(doc: Results, path: Path, derived: dict[str, Any] | None = None) -> None:
+    """``derived``: what the renderings computed from the results (the causes), written beside them for
+    machines; reading a file ignores it, since it follows from the results."""
+    data = {**to_dict(doc), **(derived or {})}
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 # --- merge and diff -----------------------------------------------------------------------------------
