@@ -68,7 +68,8 @@ def backends() -> list[BackendInfo]:
 
 def scenarios() -> list[ScenarioInfo]:
     """The catalogue's scenarios, then the zoo's (listed without building them)."""
-    return [ScenarioInfo(s.name, sorted(s.tags), s.doc) for s in [*catalogue.SCENARIOS, *zoo.MODELS]]
+    listed = [ScenarioInfo(s.name, sorted(s.tags), s.doc) for s in catalogue.SCENARIOS]
+    return listed + [ScenarioInfo(m.name, sorted(m.tags), m.doc) for m in zoo.MODELS]
 
 
 def rules() -> list[RuleInfo]:

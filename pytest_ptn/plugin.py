@@ -113,7 +113,7 @@ def pytest_configure(config: pytest.Config) -> None:
     seed = config.getoption("ptn_seed")
     if seed is None:  # one seed for the run: xdist workers get the controller's (pytest_configure_node)
         seed = workerinput["ptn_seed"] if workerinput else random.randrange(2**32)
-    state = RunState(requested, explicit=bool(cli or ini), seed=seed, zoo=config.getoption("ptn_zoo"))
+    state = RunState(requested, explicit=bool(cli or ini), seed=seed, run_zoo=config.getoption("ptn_zoo"))
     config.stash[RUN_STATE] = state
     if config.getoption("help", False):
         return

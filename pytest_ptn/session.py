@@ -35,7 +35,7 @@ class RunState:
     requested: list[str]
     explicit: bool
     seed: int
-    zoo: bool = False
+    run_zoo: bool = False
     """Whether the zoo's scenarios (upstream's models, ``--ptn-zoo``) are in the run."""
     classes: dict[str, type[Backend]] = field(default_factory=dict)
     availability: dict[str, Availability] = field(default_factory=dict)
@@ -72,14 +72,14 @@ class RunState:
     def scenario_names(self) -> list[str]:
         """Every scenario a case can be of: the catalogue's, the zoo's if it runs, then the user programs'
         (nothing exported)."""
-        zoo_names = list(zoo.BY_NAME) if self.zoo else []
+        zoo_names = list(zoo.BY_NAME) if self.run_zoo else []
         return [*(s.name for s in catalogue.SCENARIOS), *zoo_names, *self.user_programs]
 
     def scenarios(self, *tags: str) -> list[Scenario | UserScenario | zoo.ZooModel]:
         """The catalogue's scenarios carrying every one of ``tags``, the zoo's if it runs, then the user
         programs that do."""
         users = [u for u in self.user_scenarios().values() if set(tags) <= u.tags]
-        zoo_models = zoo.tagged(*tags) if self.zoo else []
+        zoo_models = zoo.tagged(*tags) if self.run_zoo else []
         return [*catalogue.tagged(*tags), *zoo_models, *users]
 
     def scenario(self, name: str) -> Scenario | UserScenario:

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
+    from torch.export import ExportedProgram
 
     from pytest_ptn.programs.user import NamedProgram, UserScenario
-    from torch.export import ExportedProgram
 
 ZOO_TAG = "zoo"
 """The tag (and pytest marker) of every zoo scenario: ``-m zoo``, ``-k zoo``, ``ptn_scenarios("zoo")``."""
@@ -43,13 +43,16 @@ class ZooModel:
 
     def program(self) -> NamedProgram:
         """The model as a NamedProgram; UpstreamChanged if upstream's code no longer builds it."""
+        from pytest_ptn import upstream_noise
+
         try:
-            import torch
+            with upstream_noise.contained():  # upstream's imports warn (executorch.exir's, torchao's)
+                import torch
 
-            from pytest_ptn.programs import zoo_models
+                from pytest_ptn.programs import zoo_models
 
-            build: Callable[[str, str, torch.dtype], NamedProgram] = getattr(zoo_models, self.builder)
-            return build(self.name, self.doc, getattr(torch, self.dtype))
+                build: Callable[[str, str, torch.dtype], NamedProgram] = getattr(zoo_models, self.builder)
+                return build(self.name, self.doc, getattr(torch, self.dtype))
         except Exception as e:
             raise self._changed(e) from e
 
