@@ -279,7 +279,7 @@ def ptn_scenario(request: pytest.FixtureRequest) -> Scenario | UserScenario:
     it), or one of the host's own programs (pytest_ptn_programs)."""
     try:
         return request.config.stash[RUN_STATE].scenario(request.param)
-    except zoo.UpstreamChanged as e:
+    except zoo.ZooUnavailable as e:
         pytest.skip(str(e))
 
 

@@ -45,7 +45,7 @@ class RunState:
     user_programs: dict[str, NamedProgram] = field(default_factory=dict)
     """The host's own programs (the pytest_ptn_programs hook), by name."""
     _user_scenarios: dict[str, UserScenario] | None = None
-    _zoo_scenarios: dict[str, UserScenario | zoo.UpstreamChanged] = field(default_factory=dict)
+    _zoo_scenarios: dict[str, UserScenario | zoo.ZooUnavailable] = field(default_factory=dict)
 
     def user_scenarios(self) -> dict[str, UserScenario]:
         """The user programs as scenarios, tagged on first use (that exports them: collection, not start-up);
@@ -58,14 +58,14 @@ class RunState:
 
     def zoo_scenario(self, name: str) -> UserScenario:
         """A zoo model as a scenario, built on first use (its tags are known without building it);
-        zoo.UpstreamChanged, for every test that asks, if upstream's code no longer builds it."""
+        zoo.ZooUnavailable, for every test that asks, if upstream's code no longer builds it."""
         if name not in self._zoo_scenarios:
             try:
                 self._zoo_scenarios[name], self.lowerings.inspected[name] = zoo.BY_NAME[name].scenario()
-            except zoo.UpstreamChanged as e:
+            except zoo.ZooUnavailable as e:
                 self._zoo_scenarios[name] = e
         found = self._zoo_scenarios[name]
-        if isinstance(found, zoo.UpstreamChanged):
+        if isinstance(found, zoo.ZooUnavailable):
             raise found
         return found
 
@@ -83,7 +83,7 @@ class RunState:
         return [*catalogue.tagged(*tags), *zoo_models, *users]
 
     def scenario(self, name: str) -> Scenario | UserScenario:
-        """A scenario by name; zoo.UpstreamChanged for a zoo model that no longer builds."""
+        """A scenario by name; zoo.ZooUnavailable for a zoo model that no longer builds."""
         if name in zoo.BY_NAME:
             return self.zoo_scenario(name)
         return catalogue.BY_NAME.get(name) or self.user_scenarios()[name]

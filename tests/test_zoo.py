@@ -5,6 +5,7 @@ backend in float32, and a model that upstream changed is a skip naming the chang
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -42,7 +43,7 @@ def test_the_zoo_has_an_llm_with_a_kv_cache_and_an_encoder_decoder_in_two_dtypes
 def test_model_builds_exports_and_earns_its_listed_tags(
     name: str, built: Callable[[str], UserScenario]
 ) -> None:
-    scenario = built(name)  # zoo.UpstreamChanged if the tags its programs earn differ from the listed ones
+    scenario = built(name)  # zoo.ZooUnavailable if the tags its programs earn differ from the listed ones
     model = zoo.BY_NAME[name]
     assert scenario.tags == model.tags
     dtypes = {p.dtype for p in scenario.program.export()[scenario.program.method_names[0]].parameters()}
@@ -87,7 +88,7 @@ def test_model_upstream_changed_names_the_change(monkeypatch: pytest.MonkeyPatch
         raise TypeError("ModelArgs.__init__() got an unexpected keyword argument 'max_context_len'")
 
     monkeypatch.setattr(zoo_models, "llama", changed)
-    with pytest.raises(zoo.UpstreamChanged) as raised:
+    with pytest.raises(zoo.ZooUnavailable) as raised:
         zoo.BY_NAME["zoo_llama"].scenario()
     message = str(raised.value)
     assert message.startswith("zoo_llama: upstream's model no longer builds as pytest-ptn builds it")
@@ -95,9 +96,21 @@ def test_model_upstream_changed_names_the_change(monkeypatch: pytest.MonkeyPatch
     assert "TypeError: ModelArgs.__init__() got an unexpected keyword argument 'max_context_len'" in message
 
 
+def test_without_executorch_the_zoo_says_what_it_needs(monkeypatch: pytest.MonkeyPatch) -> None:
+    def missing(dist: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(dist)
+
+    _broken_builders(monkeypatch)
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    with pytest.raises(
+        zoo.ZooUnavailable, match=r"^zoo_voxtral needs executorch, whose wheel ships the model"
+    ):
+        zoo.BY_NAME["zoo_voxtral"].program()
+
+
 def test_model_whose_structure_changed_names_the_tags() -> None:
     listed = dataclasses.replace(zoo.BY_NAME["zoo_llama"], tags=zoo.BY_NAME["zoo_voxtral"].tags)
-    with pytest.raises(zoo.UpstreamChanged, match=r"now exports a program tagged \[.*'shared_state'"):
+    with pytest.raises(zoo.ZooUnavailable, match=r"now exports a program tagged \[.*'shared_state'"):
         listed.scenario()
 
 

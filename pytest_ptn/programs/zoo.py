@@ -5,7 +5,7 @@ export, at a tiny size with seeded random weights (pytest_ptn.programs.zoo_model
 listed here as data, without torch, so that ``list scenarios``, expectation files and test collection know
 them without building anything; the tags are the ones its exported programs earn (programs.traits), plus
 ``zoo``, and a build checks that they still are. A model that no longer builds as written here, because
-upstream changed it, is a skip that names what failed (UpstreamChanged), never an error of the run.
+upstream changed it, is a skip that names what failed (ZooUnavailable), never an error of the run.
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ ZOO_TAG = "zoo"
 """The tag (and pytest marker) of every zoo scenario: ``-m zoo``, ``-k zoo``, ``ptn_scenarios("zoo")``."""
 
 
-class UpstreamChanged(RuntimeError):
-    """A zoo model that no longer builds from the installed executorch as pytest-ptn builds it."""
+class ZooUnavailable(RuntimeError):
+    """A zoo model that cannot be built here: no executorch (its wheel ships the model code), or upstream
+    changed the model so that it no longer builds as pytest-ptn builds it."""
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class ZooModel:
     tags: frozenset[str]
 
     def program(self) -> NamedProgram:
-        """The model as a NamedProgram; UpstreamChanged if upstream's code no longer builds it."""
+        """The model as a NamedProgram; ZooUnavailable if upstream's code no longer builds it."""
         from pytest_ptn import upstream_noise
 
         try:
@@ -57,7 +58,7 @@ class ZooModel:
             raise self._changed(e) from e
 
     def scenario(self) -> tuple[UserScenario, dict[str, ExportedProgram]]:
-        """The model as a scenario with the functionalized programs its tags were read from; UpstreamChanged
+        """The model as a scenario with the functionalized programs its tags were read from; ZooUnavailable
         if it does not build, export or earn the listed tags any more."""
         from pytest_ptn.programs.user import UserScenario
 
@@ -68,20 +69,22 @@ class ZooModel:
             raise self._changed(e) from e
         earned = scenario.tags | {ZOO_TAG}
         if earned != self.tags:
-            raise UpstreamChanged(
+            raise ZooUnavailable(
                 f"{self.name}: upstream's model ({self.upstream}) now exports a program tagged "
                 f"{sorted(earned)}, not {sorted(self.tags)} as pytest-ptn lists it: its structure changed"
             )
         return UserScenario(self.name, self.doc, program, self.tags), inspected
 
-    def _changed(self, error: Exception) -> UpstreamChanged:
+    def _changed(self, error: Exception) -> ZooUnavailable:
         from importlib.metadata import PackageNotFoundError, version
 
         try:
             installed = f"executorch {version('executorch')}"
         except PackageNotFoundError:
-            installed = "no executorch installed"
-        return UpstreamChanged(
+            return ZooUnavailable(
+                f"{self.name} needs executorch, whose wheel ships the model (pip install executorch)"
+            )
+        return ZooUnavailable(
             f"{self.name}: upstream's model no longer builds as pytest-ptn builds it ({installed}; "
             f"{self.upstream}): {type(error).__name__}: {error}"
         )
