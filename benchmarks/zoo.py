@@ -11,8 +11,8 @@ most of them). ``--suite`` also times ``pytest conformance --ptn-zoo -m zoo`` fo
 aoti compiles (~15 s a method on 2 cores) go to ``$PTN_AOTI_CACHE``, by default a new temporary folder, so
 its lowering column is a cold compile unless that variable points at a warm cache.
 
-    python benchmarks/zoo.py [--backends reference native pte aoti] [--models zoo_llama ...] [--repeat 1]
-                             [--suite]
+    python benchmarks/zoo.py [--quick] [--backends reference native pte aoti] [--models zoo_llama ...]
+                             [--repeat 1] [--suite]
 """
 
 from __future__ import annotations
@@ -106,11 +106,14 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=list(zoo.BY_NAME), choices=list(zoo.BY_NAME))
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--suite", action="store_true", help="also time the zoo's conformance tests")
+    parser.add_argument("--quick", action="store_true", help="reference only, the float32 models")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         emit(measure(args.child, args.models, args.repeat))
         return
+    if args.quick:
+        args.backends, args.models = ["reference"], [m.name for m in zoo.MODELS if m.dtype == "float32"]
     print(machine())
     os.environ.setdefault("PTN_AOTI_CACHE", tempfile.mkdtemp(prefix="ptn-zoo-aoti-"))
     print(f"aoti compile cache: {os.environ['PTN_AOTI_CACHE']}; best of {args.repeat}")
