@@ -26,6 +26,7 @@ from pathlib import Path
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from pytest_ptn.programs import zoo
 from pytest_ptn.programs.catalogue import BY_NAME
 from pytest_ptn.ruleset import RULES
 from pytest_ptn.schedule import LoadSchedule
@@ -114,8 +115,8 @@ class ExpectationFile:
 
 
 def read(path: Path, user_scenarios: Collection[str] = ()) -> ExpectationFile:
-    """Read and check one file; a scenario must be the catalogue's or one of ``user_scenarios`` (the host's
-    own programs, see pytest_ptn.hookspecs)."""
+    """Read and check one file; a scenario must be the catalogue's, the zoo's or one of ``user_scenarios``
+    (the host's own programs, see pytest_ptn.hookspecs)."""
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as e:
@@ -153,7 +154,7 @@ def read(path: Path, user_scenarios: Collection[str] = ()) -> ExpectationFile:
             raise ExpectationsError(f"{where}: {'; '.join(not_text)}")
         if raw["rule"] not in RULES:
             raise ExpectationsError(f"{where}: unknown rule {raw['rule']!r}")
-        known = (ANY_SCENARIO, FUZZ_SCENARIO, *BY_NAME, *user_scenarios)
+        known = (ANY_SCENARIO, FUZZ_SCENARIO, *BY_NAME, *zoo.BY_NAME, *user_scenarios)
         if raw["scenario"] not in known:
             raise ExpectationsError(f"{where}: unknown scenario {raw['scenario']!r}")
         schedule = raw.get("schedule")

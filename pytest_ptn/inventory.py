@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pytest_ptn.backend import BackendError, Capability, availability_of, installed_backends, resolve_backend
-from pytest_ptn.programs import catalogue
+from pytest_ptn.programs import catalogue, zoo
 from pytest_ptn.ruleset import RULE_CONDITIONS, RULE_NEEDS, RULES, rules_shown
 
 CONDITIONAL_MARK = "?"
@@ -67,7 +67,9 @@ def backends() -> list[BackendInfo]:
 
 
 def scenarios() -> list[ScenarioInfo]:
-    return [ScenarioInfo(s.name, sorted(s.tags), s.doc) for s in catalogue.SCENARIOS]
+    """The catalogue's scenarios, then the zoo's (listed without building them)."""
+    listed = [ScenarioInfo(s.name, sorted(s.tags), s.doc) for s in catalogue.SCENARIOS]
+    return listed + [ScenarioInfo(m.name, sorted(m.tags), m.doc) for m in zoo.MODELS]
 
 
 def rules() -> list[RuleInfo]:

@@ -17,6 +17,7 @@ from pytest_ptn.__main__ import main
 from pytest_ptn.backend import Availability, Backend, Capability, Loaded, Lowered, installed_backends
 from pytest_ptn.backends.pte import PteBackend
 from pytest_ptn.backends.reference import ReferenceBackend
+from pytest_ptn.programs import zoo
 from pytest_ptn.programs.catalogue import SCENARIOS
 from pytest_ptn.ruleset import RULES, rules_shown
 
@@ -111,7 +112,9 @@ def test_unavailable_and_broken_backends_are_listed_with_why(
 def test_list_scenarios(capsys: pytest.CaptureFixture[str]) -> None:
     lines = listed(capsys, "scenarios").splitlines()
     assert lines[0].split() == ["scenario", "tags", "description"]
-    assert [line.split()[0] for line in lines[1:]] == [s.name for s in SCENARIOS]
+    assert [line.split()[0] for line in lines[1:]] == [s.name for s in SCENARIOS] + [
+        m.name for m in zoo.MODELS
+    ]
     by_name = {s["name"]: s for s in json.loads(listed(capsys, "scenarios", "--json"))}
     assert by_name["method_named_state"]["tags"] == ["P6", "reject"]
     assert by_name["kv_cache"]["description"].startswith("A shared KV cache")
