@@ -468,23 +468,44 @@ SCENARIOS: tuple[Scenario, ...] = (
 
 def _computed_in(dtype: str, suffix: str, calls: tuple[str, ...] = ()) -> Callable[[Scenario], Scenario]:
     """The same scenario computed in ``dtype``: its inputs, constants and arithmetic (``calls`` replacing the
-    call sequence where given), tagged ``reduced_precision``."""
+    call sequence where given), tagged ``reduced_precision``. Named constants get the suffix too: within the
+    program they collide as before, but never with the float32 scenario's, which a cache keyed by name
+    across programs (aoti-upstream) would otherwise meet, its outcome depending on which case ran first."""
+
+    def named(name: str) -> str:
+        return f"{name}_{suffix}"
+
+    def convert(c: Constant) -> Constant:
+        if c.family == "int8_linear":
+            return c
+        renamed = c.name if c.family in ("literal", "scalar") else named(c.name)
+        return replace(c, name=renamed, dtype=dtype)
 
     def variant(s: Scenario) -> Scenario:
-        def convert(c: Constant) -> Constant:
-            return c if c.family == "int8_linear" else replace(c, dtype=dtype)
-
+        known = {c.name: convert(c).name for m in s.spec.methods for c in m.constants}
+        known |= {c.name: convert(c).name for c in s.spec.shared}
+        methods = tuple(
+            replace(
+                m,
+                constants=tuple(map(convert, m.constants)),
+                reads=tuple(known[r] for r in m.reads),
+                writes=tuple(replace(w, target=known[w.target]) for w in m.writes),
+            )
+            for m in s.spec.methods
+        )
         spec = replace(
             s.spec,
             dtype=dtype,
-            methods=tuple(replace(m, constants=tuple(map(convert, m.constants))) for m in s.spec.methods),
+            methods=methods,
             shared=tuple(map(convert, s.spec.shared)),
             calls=calls or s.spec.calls,
         )
-        doc = f"{s.doc} Computed in {dtype}: compared as {dtype} results are (pytest_ptn.comparison)."
-        return replace(
-            s, name=f"{s.name}_in_{suffix}", doc=doc, spec=spec, tags=s.tags | {"reduced_precision"}
-        )
+        doc = f"{s.doc} Computed in {dtype}, its named constants suffixed `_{suffix}`: compared as {dtype} "
+        doc += "results are (pytest_ptn.comparison)."
+        if calls:
+            doc += f" Calls: {', '.join(calls)}."
+        tags = s.tags | {"reduced_precision"}
+        return replace(s, name=f"{s.name}_in_{suffix}", doc=doc, spec=spec, tags=tags)
 
     return variant
 
