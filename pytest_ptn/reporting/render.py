@@ -29,6 +29,11 @@ LEGEND = "legend: F fail  X xpass (a fail)  x xfail (known bug)  p pass  - n/a  
 NOTHING_RAN = NOT_APPLICABLE_PREFIX
 """The verdict of a level none of whose tests ran (every cell n/a or skipped)."""
 
+NONE_FAILING_SO_FAR = "none failing of the tests that finished"
+"""The verdict of a level without failures in an incomplete run: never "all pass" over unchecked tests."""
+
+REPORT_FILES = ("results.json", "summary.md", "index.html")
+
 # --- text ---------------------------------------------------------------------------------------------
 
 Paint = Callable[[str, str], str]
@@ -42,8 +47,9 @@ def _no_paint(text: str, status: str) -> str:
 def render_text(doc: Results, paint: Paint = _no_paint) -> list[str]:
     """The terminal matrix. `paint(text, status)` may colour a cell's text (padding is added after)."""
     matrix = build_matrix(doc.results)
+    incomplete = [paint(doc.run.headline(), FAIL)] if doc.run is not None and not doc.run.complete else []
     if not matrix.rows:
-        return ["no conformance results"]
+        return [*incomplete, "no conformance results"]
     id_width = max(len(row.rule) for row in matrix.rows) + 1
     names = {row.rule: f"{row.rule.ljust(id_width)} {row.title}"[:_NAME_WIDTH] for row in matrix.rows}
     name_width = max(len(name) for name in names.values())
@@ -51,7 +57,8 @@ def render_text(doc: Results, paint: Paint = _no_paint) -> list[str]:
         b: max([len(b)] + [len(row.cells[b].label) for row in matrix.rows if b in row.cells])
         for b in matrix.backends
     }
-    lines = [" " * (name_width + 4) + "  ".join(b.ljust(widths[b]) for b in matrix.backends).rstrip()]
+    lines = [*incomplete]
+    lines.append(" " * (name_width + 4) + "  ".join(b.ljust(widths[b]) for b in matrix.backends).rstrip())
     for level, rows in matrix.sections():
         lines.append(f"{level} rules")
         for row in rows:
@@ -149,7 +156,9 @@ def render_markdown(doc: Results, changes: Sequence[CellChange] | None = None) -
     """Sized for $GITHUB_STEP_SUMMARY: verdict, provenance, matrix, then what failed and how to rerun it."""
     matrix = build_matrix(doc.results)
     lines = [f"## pytest-ptn conformance (spec v{doc.spec_version})", ""]
-    lines += [_verdict(matrix), ""]
+    if not doc.complete and doc.run is not None:
+        lines += [f"**⚠️ {_md(doc.run.headline())}**", ""]
+    lines += [_verdict(matrix, doc.complete), ""]
     lines += [f"<sub>{_md(p)}</sub><br>" for p in _provenance_lines(doc)] + [""]
     if changes is not None:
         lines += ["### Changes since previous run", ""]
@@ -191,16 +200,20 @@ def render_markdown(doc: Results, changes: Sequence[CellChange] | None = None) -
     return "\n".join(lines)
 
 
-def _verdict(matrix: Matrix) -> str:
+def _verdict(matrix: Matrix, complete: bool = True) -> str:
     parts = []
     for level, failing, ran in _verdicts(matrix):
         cells = ", ".join(f"{rule} on {backend}" for rule, backend in failing)
         parts.append(
             f"**{level}: {len(failing)} failing** ({cells})"
             if failing
-            else f"**{level}: {'all pass' if ran else NOTHING_RAN}**"
+            else f"**{level}: {_no_failure(ran, complete)}**"
         )
     return " · ".join(parts) or "No conformance results."
+
+
+def _no_failure(ran: bool, complete: bool) -> str:
+    return NOTHING_RAN if not ran else "all pass" if complete else NONE_FAILING_SO_FAR
 
 
 def _verdicts(matrix: Matrix) -> list[tuple[str, list[tuple[str, str]], bool]]:
@@ -329,9 +342,11 @@ def render_html(doc: Results, changes: Sequence[CellChange] | None = None) -> st
             f'<span class="bad">{level}: {len(failing)} failing</span> ({_h(cells)})'
             if failing
             else f'<span class="good">{level}: all pass</span>'
-            if ran
-            else f'<span class="na">{level}: {NOTHING_RAN}</span>'
+            if ran and doc.complete
+            else f'<span class="na">{level}: {_no_failure(ran, doc.complete)}</span>'
         )
+    if not doc.complete and doc.run is not None:
+        out.append(f'<p class="verdict"><span class="bad">{_h(doc.run.headline())}</span></p>')
     out.append(f'<p class="verdict">{" · ".join(verdict) or "No conformance results."}</p>')
     out += [f'<p class="prov">{_h(p)}</p>' for p in _provenance_lines(doc)]
     out.append(
@@ -382,7 +397,7 @@ def render_html(doc: Results, changes: Sequence[CellChange] | None = None) -> st
 def write_reports(doc: Results, outdir: Path, changes: Sequence[CellChange] | None = None) -> list[Path]:
     """Write results.json, summary.md and index.html into `outdir`; return their paths."""
     outdir.mkdir(parents=True, exist_ok=True)
-    json_path, md_path, html_path = outdir / "results.json", outdir / "summary.md", outdir / "index.html"
+    json_path, md_path, html_path = (outdir / name for name in REPORT_FILES)
     save(doc, json_path)
     md_path.write_text(render_markdown(doc, changes), encoding="utf-8")
     html_path.write_text(render_html(doc, changes), encoding="utf-8")
