@@ -24,6 +24,7 @@ from pytest_ptn.__main__ import main as ptn_cli
 from pytest_ptn.reporting import render, results, stream
 from pytest_ptn.ruleset import SPEC_VERSION
 
+ROOT = Path(__file__).resolve().parents[1]
 FAST = 5
 AFTER = 3
 SLOW_SUITE = f"""
@@ -87,15 +88,16 @@ class Run:
 
 
 @pytest.fixture
-def slow_run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], Run]]:
-    """Starts the slow suite as a conformance run; ends what is left of it (worker included) afterwards."""
+def slow_run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Run]]:
+    """Starts the slow suite (or other arguments) as a conformance run; ends what is left of it, worker
+    included, afterwards."""
     monkeypatch.delenv("PYTEST_ADDOPTS")  # the default: an xdist controller and one worker
     pytester.makepyfile(test_slow_suite=SLOW_SUITE)
     started: list[Run] = []
 
-    def start() -> Run:
+    def start(*args: str) -> Run:
         outdir, output = pytester.path / "out", pytester.path / "output.txt"
-        cmd = [sys.executable, "-m", "pytest", "test_slow_suite.py", "--ptn-backend=reference"]
+        cmd = [sys.executable, "-m", "pytest", *(args or ["test_slow_suite.py"]), "--ptn-backend=reference"]
         cmd += ["-p", "no:cacheprovider", "--ptn-report", str(outdir)]
         # Output to a file: a pipe nobody reads while the test polls could fill and stall the run.
         with output.open("w") as out:
@@ -137,7 +139,7 @@ def assert_incomplete(outdir: Path, finished: int, why: str) -> dict[str, object
     ("sig", "why"), [(signal.SIGTERM, "stopped by SIGTERM"), (signal.SIGINT, "interrupted (SIGINT, Ctrl-C)")]
 )
 def test_a_signalled_run_keeps_every_finished_verdict_and_says_it_is_incomplete(
-    slow_run, sig: signal.Signals, why: str
+    slow_run: Callable[..., Run], sig: signal.Signals, why: str
 ) -> None:
     run = slow_run()
     run.wait_for_fast_tests()
@@ -154,7 +156,28 @@ def test_a_signalled_run_keeps_every_finished_verdict_and_says_it_is_incomplete(
     assert ended["end"]["stopped"] == why
 
 
-def test_a_second_sigint_stops_at_once(slow_run) -> None:
+def test_sigterm_on_the_reference_suite_keeps_what_finished(slow_run: Callable[..., Run]) -> None:
+    run = slow_run(str(ROOT / "conformance"), "-k", "colliding_literals or kv_cache")
+    run.wait_for(lambda: streamed_tests(run.outdir) >= 4, "4 tests finished")
+    run.proc.send_signal(signal.SIGTERM)
+    out = run.finish()
+    assert run.proc.returncode == pytest.ExitCode.INTERRUPTED, out
+    data = json.loads((run.outdir / "results.json").read_text())
+    finished = streamed_tests(run.outdir)
+    assert data["run"] == {
+        "complete": False,
+        "selected": 22,
+        "finished": finished,
+        "stopped": "stopped by SIGTERM",
+        "shard": None,
+    }
+    assert len({row["nodeid"] for row in data["results"]}) == finished >= 4
+    summary = (run.outdir / "summary.md").read_text()
+    assert f"INCOMPLETE: {finished} of 22 selected tests finished; stopped by SIGTERM" in summary
+    assert "all pass" not in summary
+
+
+def test_a_second_sigint_stops_at_once(slow_run: Callable[..., Run]) -> None:
     """The first one writes the reports, then waits for the busy worker; the second ends the wait."""
     run = slow_run()
     run.wait_for_fast_tests()
@@ -167,7 +190,7 @@ def test_a_second_sigint_stops_at_once(slow_run) -> None:
 
 
 def test_a_killed_run_leaves_its_verdicts_for_report_render(
-    slow_run, capsys: pytest.CaptureFixture[str]
+    slow_run: Callable[..., Run], capsys: pytest.CaptureFixture[str]
 ) -> None:
     run = slow_run()
     run.wait_for_fast_tests()
@@ -212,6 +235,40 @@ def test_maxfail_under_xdist_is_incomplete(
     assert data["run"]["complete"] is False
     assert data["run"]["stopped"] == "stopping after 1 failures"
     assert data["run"]["finished"] == 2 and data["run"]["selected"] == 4
+
+
+def test_a_worker_pool_that_gave_up_is_incomplete(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PYTEST_ADDOPTS")
+    pytester.makepyfile(
+        test_e1="""
+        import os
+        import signal
+
+        import pytest
+
+        @pytest.mark.E1
+        @pytest.mark.parametrize("n", range(3))
+        def test_e1(n):
+            if n == 1:
+                os.kill(os.getpid(), signal.SIGSEGV)
+        """
+    )
+    result = pytester.runpytest_subprocess(
+        "test_e1.py",
+        "--ptn-backend=reference",
+        "-p",
+        "no:cacheprovider",
+        "--max-worker-restart=0",
+        "--ptn-report",
+        "out",
+    )
+    assert result.ret != 0
+    data = json.loads((pytester.path / "out" / "results.json").read_text())
+    why = "the run ended early after 1 xdist worker crashed"
+    assert data["run"] == {"complete": False, "selected": 3, "finished": 2, "stopped": why, "shard": None}
+    assert sorted(row["outcome"] for row in data["results"]) == ["fail", "pass"]  # the crash is a verdict
 
 
 def test_exitfirst_in_process_is_incomplete(pytester: pytest.Pytester) -> None:

@@ -121,6 +121,9 @@ class ConformanceReporter:
         self.outdir = outdir
         self.records: dict[str, _Record] = {}
         self.finished: set[str] = set()
+        self.collect_errors: set[str] = set()
+        self.crashed: set[str] = set()
+        self.workers_lost = 0
         self.written: list[Path] = []
         self.provenance: dict[str, str] = {}
         self.stream: stream.VerdictStream | None = None
@@ -153,10 +156,9 @@ class ConformanceReporter:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self._record(report, [(str(name), str(value)) for name, value in report.user_properties])
-        if report.when in ("setup", "call"):
+        if report.when != "teardown" and report.nodeid not in self.crashed:
             return
-        # The test's last report: its teardown, or the report of a crashed worker's test (when "???").
-        self.finished.add(report.nodeid)
+        self.finished.add(report.nodeid)  # its last report: the teardown, or the crash of its worker
         record = self.records.get(report.nodeid)
         if self.stream is not None and record is not None:
             self.stream.test(report.nodeid, _rows(record, self._backends()))
@@ -164,8 +166,17 @@ class ConformanceReporter:
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:  # a module of tests that never ran
             self._record(report, [])
+            self.collect_errors.add(report.nodeid)
             if self.stream is not None:
                 self.stream.test(report.nodeid, _rows(self.records[report.nodeid], self._backends()))
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport, sched: Any) -> None:
+        self.crashed.add(crashitem)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: object) -> None:
+        self.workers_lost += error is not None
 
     def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
         self.stopped = stopping.reason(excinfo.value)
@@ -199,16 +210,22 @@ class ConformanceReporter:
         selected = session.testscollected
         stopped = self.stopped or session.shouldfail or session.shouldstop or None
         if stopped is None and len(self.finished) < selected:
-            stopped = "the run ended early"
+            plural = "s" if self.workers_lost > 1 else ""
+            lost = f" after {self.workers_lost} xdist worker{plural} crashed" if self.workers_lost else ""
+            stopped = f"the run ended early{lost}"
         return results.RunStatus(
             selected, len(self.finished), None if stopped is None else str(stopped), self._shard()
         )
 
     def document(self, provenance: dict[str, str]) -> results.Results:
+        """What the finished tests found: a test a stopped run left half done has no verdict yet."""
         backends = {
             value for r in self.records.values() for name, value in r.properties if name == "ptn_backend"
         }
-        rows = [row for record in self.records.values() for row in _rows(record, backends)]
+        done = [
+            r for r in self.records.values() if r.nodeid in self.finished or r.nodeid in self.collect_errors
+        ]
+        rows = [row for record in done for row in _rows(record, backends)]
         return results.Results(SPEC_VERSION, provenance, results.sort_results(rows), run=self.run)
 
     @pytest.hookimpl(tryfirst=True)  # before xdist waits for its workers to go: a stopped run reports now
