@@ -433,3 +433,11 @@ def test_a_merge_of_every_complete_shard_is_complete(tmp_path: Path) -> None:
     merged = results.load(tmp_path / "merged" / "results.json")
     assert merged.run == results.RunStatus(6, 6)
     assert "**MUST: all pass**" in (tmp_path / "merged" / "summary.md").read_text()
+
+
+@pytest.mark.parametrize("option", ["--collect-only", "--fixtures"])
+def test_runs_that_run_no_test_are_not_incomplete(pytester: pytest.Pytester, option: str) -> None:
+    pytester.makepyfile(test_e1="import pytest\n\n@pytest.mark.E1\ndef test_e1():\n    pass\n")
+    result = pytester.runpytest("test_e1.py", option, "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.OK
+    assert "INCOMPLETE" not in result.stdout.str()

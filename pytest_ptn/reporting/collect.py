@@ -129,6 +129,7 @@ class ConformanceReporter:
         self.stream: stream.VerdictStream | None = None
         self.selection_streamed = False
         self.stopped: str | None = None
+        self.testing = False
         self.run: results.RunStatus | None = None
 
     def pytest_sessionstart(self, session: pytest.Session) -> None:
@@ -153,6 +154,11 @@ class ConformanceReporter:
         if self.stream is not None and not self.selection_streamed:
             self.selection_streamed = True
             self.stream.selected(len(ids))
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> None:
+        """Tests are meant to run (not so under --collect-only, or pytest --fixtures, which never loops)."""
+        self.testing = not self.config.option.collectonly
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self._record(report, [(str(name), str(value)) for name, value in report.user_properties])
@@ -209,7 +215,7 @@ class ConformanceReporter:
         """How much of the selection finished, and why the run stopped if it did not finish."""
         selected = session.testscollected
         stopped = self.stopped or session.shouldfail or session.shouldstop or None
-        if stopped is None and len(self.finished) < selected:
+        if stopped is None and self.testing and len(self.finished) < selected:
             plural = "s" if self.workers_lost > 1 else ""
             lost = f" after {self.workers_lost} xdist worker{plural} crashed" if self.workers_lost else ""
             stopped = f"the run ended early{lost}"
@@ -219,9 +225,7 @@ class ConformanceReporter:
 
     def document(self, provenance: dict[str, str]) -> results.Results:
         """What the finished tests found: a test a stopped run left half done has no verdict yet."""
-        backends = {
-            value for r in self.records.values() for name, value in r.properties if name == "ptn_backend"
-        }
+        backends = self._backends()
         done = [
             r for r in self.records.values() if r.nodeid in self.finished or r.nodeid in self.collect_errors
         ]

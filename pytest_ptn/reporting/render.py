@@ -47,7 +47,7 @@ def _no_paint(text: str, status: str) -> str:
 def render_text(doc: Results, paint: Paint = _no_paint) -> list[str]:
     """The terminal matrix. `paint(text, status)` may colour a cell's text (padding is added after)."""
     matrix = build_matrix(doc.results)
-    incomplete = [paint(doc.run.headline(), FAIL)] if doc.run is not None and not doc.run.complete else []
+    incomplete = [paint(doc.incomplete_headline, FAIL)] if doc.incomplete_headline else []
     if not matrix.rows:
         return [*incomplete, "no conformance results"]
     id_width = max(len(row.rule) for row in matrix.rows) + 1
@@ -156,8 +156,8 @@ def render_markdown(doc: Results, changes: Sequence[CellChange] | None = None) -
     """Sized for $GITHUB_STEP_SUMMARY: verdict, provenance, matrix, then what failed and how to rerun it."""
     matrix = build_matrix(doc.results)
     lines = [f"## pytest-ptn conformance (spec v{doc.spec_version})", ""]
-    if not doc.complete and doc.run is not None:
-        lines += [f"**⚠️ {_md(doc.run.headline())}**", ""]
+    if doc.incomplete_headline:
+        lines += [f"**⚠️ {_md(doc.incomplete_headline)}**", ""]
     lines += [_verdict(matrix, doc.complete), ""]
     lines += [f"<sub>{_md(p)}</sub><br>" for p in _provenance_lines(doc)] + [""]
     if changes is not None:
@@ -345,8 +345,8 @@ def render_html(doc: Results, changes: Sequence[CellChange] | None = None) -> st
             if ran and doc.complete
             else f'<span class="na">{level}: {_no_failure(ran, doc.complete)}</span>'
         )
-    if not doc.complete and doc.run is not None:
-        out.append(f'<p class="verdict"><span class="bad">{_h(doc.run.headline())}</span></p>')
+    if doc.incomplete_headline:
+        out.append(f'<p class="verdict"><span class="bad">{_h(doc.incomplete_headline)}</span></p>')
     out.append(f'<p class="verdict">{" · ".join(verdict) or "No conformance results."}</p>')
     out += [f'<p class="prov">{_h(p)}</p>' for p in _provenance_lines(doc)]
     out.append(

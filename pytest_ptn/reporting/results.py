@@ -109,6 +109,11 @@ class Results:
     def complete(self) -> bool:
         return self.run is None or self.run.complete
 
+    @property
+    def incomplete_headline(self) -> str | None:
+        """What every rendering of an incomplete run opens with; None for a complete one."""
+        return self.run.headline() if self.run is not None and not self.run.complete else None
+
 
 def rule_sort_key(rule: str) -> tuple[int, str]:
     """Spec order (P1..P10, E.., S.., X..) for known rules; unknown ids after, alphabetically."""
