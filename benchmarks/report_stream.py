@@ -47,8 +47,9 @@ def suite_run(selection: list[str], report: Path | None) -> float:
     return elapsed
 
 
-def stream_cost(tests: int) -> tuple[float, int]:
-    """Seconds to stream ``tests`` tests' rows (three rules each, like the suite's), and the file's size."""
+def stream_cost(tests: int) -> tuple[float, int, float]:
+    """Seconds to stream ``tests`` tests' rows (three rules each, like the suite's), the file's size, and
+    the seconds of one fsync of a line (the stream pays at most one a second)."""
     from pytest_ptn.reporting import results, stream
 
     rows = [
@@ -63,7 +64,15 @@ def stream_cost(tests: int) -> tuple[float, int]:
         for n in range(tests):
             writer.test(f"t::x[{n}]", rows)
         writer.end(results.RunStatus(tests, tests))
-        return time.perf_counter() - start, path.stat().st_size
+        elapsed, size = time.perf_counter() - start, path.stat().st_size
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        start = time.perf_counter()
+        for _ in range(20):
+            os.write(fd, b"{}\n")
+            os.fsync(fd)
+        fsync = (time.perf_counter() - start) / 20
+        os.close(fd)
+        return elapsed, size, fsync
 
 
 def main() -> None:
@@ -86,7 +95,7 @@ def main() -> None:
                     flush=True,
                 )
     ratios = [w / wo for w, wo in zip(with_report, without, strict=True)]
-    stream_s, size = stream_cost(274)
+    stream_s, size, fsync_s = stream_cost(274)
     rows = [
         [
             "reference suite, best",
@@ -102,6 +111,7 @@ def main() -> None:
         ],
         ["pairs (with/without)", "", "", ", ".join(f"{r:.3f}" for r in ratios)],
         ["stream alone, 274 tests", "", f"{stream_s * 1000:.1f} ms ({size} bytes)", ""],
+        ["one fsync (at most 1/s)", "", f"{fsync_s * 1000:.2f} ms", ""],
     ]
     print(table(["row", "without --ptn-report", "with --ptn-report", "with/without"], rows))
 
