@@ -405,6 +405,7 @@ def test_no_rendering_says_all_pass_over_an_incomplete_run() -> None:
 
 
 def shard_file(tmp_path: Path, shard: str, run: results.RunStatus) -> str:
+    tmp_path.mkdir(exist_ok=True)
     path = tmp_path / f"shard{shard.replace('/', 'of')}.json"
     results.save(results.Results(SPEC_VERSION, {}, [row(f"t::{shard}")], run=run), path)
     return str(path)
@@ -428,8 +429,10 @@ def test_a_merge_names_a_missing_shard_and_an_incomplete_one(
 
 
 def test_a_merge_of_every_complete_shard_is_complete(tmp_path: Path) -> None:
+    """Also when a shard that stopped was run again and its new report merged after the old one."""
+    stopped = shard_file(tmp_path / "first", "2/2", results.RunStatus(3, 1, "stopped by SIGTERM", "2/2"))
     files = [shard_file(tmp_path, f"{k}/2", results.RunStatus(3, 3, None, f"{k}/2")) for k in (1, 2)]
-    assert ptn_cli(["report", "merge", *files, "-o", str(tmp_path / "merged")]) == 0
+    assert ptn_cli(["report", "merge", stopped, *files, "-o", str(tmp_path / "merged")]) == 0
     merged = results.load(tmp_path / "merged" / "results.json")
     assert merged.run == results.RunStatus(6, 6)
     assert "**MUST: all pass**" in (tmp_path / "merged" / "summary.md").read_text()

@@ -298,11 +298,14 @@ def merge(docs: Sequence[Results]) -> Results:
 
 def merged_status(docs: Sequence[Results]) -> RunStatus | None:
     """The runs together: incomplete when one of them is, or when shards of a ``--ptn-shard`` run are
-    missing (named K/N: a shard that never reported is as unchecked as one that stopped)."""
+    missing (named K/N: a shard that never reported is as unchecked as one that stopped). A shard given
+    again (run again after it stopped) replaces the earlier, as its rows do."""
     runs = [d.run for d in docs if d.run is not None]
     if not runs:
         return None
-    shards = {run.shard for run in runs if run.shard}
+    by_shard = {run.shard: run for run in runs if run.shard}
+    runs = [run for run in runs if not run.shard] + [by_shard[s] for s in sorted(by_shard, key=_shard_key)]
+    shards = set(by_shard)
     missing = [
         f"{k}/{count}"
         for count in sorted({int(shard.split("/")[1]) for shard in shards})
@@ -316,6 +319,11 @@ def merged_status(docs: Sequence[Results]) -> RunStatus | None:
     counts = [run.selected for run in runs]
     selected = None if missing or None in counts else sum(c for c in counts if c is not None)
     return RunStatus(selected, sum(run.finished for run in runs), "; ".join(problems) or None)
+
+
+def _shard_key(shard: str) -> tuple[int, int]:
+    index, count = shard.split("/")
+    return int(count), int(index)
 
 
 def one_line(text: str, limit: int = 300) -> str:
