@@ -136,7 +136,9 @@ def assert_incomplete(outdir: Path, finished: int, why: str) -> dict[str, object
 
 
 @pytest.mark.parametrize(
-    ("sig", "why"), [(signal.SIGTERM, "stopped by SIGTERM"), (signal.SIGINT, "interrupted (SIGINT, Ctrl-C)")]
+    ("sig", "why"),
+    [(signal.SIGTERM, "stopped by SIGTERM"), (signal.SIGINT, "interrupted (SIGINT, Ctrl-C)")],
+    ids=["SIGTERM", "SIGINT"],
 )
 def test_a_signalled_run_keeps_every_finished_verdict_and_says_it_is_incomplete(
     slow_run: Callable[..., Run], sig: signal.Signals, why: str
