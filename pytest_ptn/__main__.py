@@ -3,6 +3,7 @@
 python -m pytest_ptn --version
 python -m pytest_ptn list {backends,scenarios,rules} [--json]
 python -m pytest_ptn report merge A.json B.json ... -o OUTDIR [--previous OLD.json]
+python -m pytest_ptn report render DIR [-o OUTDIR]
 python -m pytest_ptn expectations update RESULTS.json [--file EXPECTATIONS.toml]
 python -m pytest_ptn new-backend NAME [--into DIR]
 """
@@ -20,7 +21,7 @@ from typing import Any
 
 from pytest_ptn import DISTRIBUTION, __version__, expectations, expectations_update, inventory, skeleton
 from pytest_ptn.backend import BackendError
-from pytest_ptn.reporting import matrix, render, results
+from pytest_ptn.reporting import matrix, render, results, stream
 from pytest_ptn.ruleset import SPEC_VERSION
 
 LISTINGS: dict[str, tuple[Callable[[], list[Any]], Callable[[list[Any]], list[str]]]] = {
@@ -64,6 +65,18 @@ def main(argv: list[str] | None = None) -> int:
         help="an earlier merged results.json: list the cells whose status changed, newly failing first",
     )
     merge.set_defaults(run=_merge)
+    rendering = report_commands.add_parser(
+        "render",
+        help=f"write results.json, summary.md, index.html from the {stream.NAME} a run left in DIR",
+        description=f"Every test a run finished is in DIR/{stream.NAME} as soon as it finishes, so a run "
+        "that was killed (SIGKILL, out of memory) before writing its reports still has them: this renders "
+        "them, marked incomplete unless the run ended normally.",
+    )
+    rendering.add_argument("dir", type=Path, metavar="DIR", help="the --ptn-report folder of the run")
+    rendering.add_argument(
+        "-o", "--output", type=Path, metavar="OUTDIR", help="where to write (default: DIR)"
+    )
+    rendering.set_defaults(run=_render)
     known = commands.add_parser("expectations", help="known-failure files (--ptn-expectations)")
     known_commands = known.add_subparsers(dest="expectations_command", required=True)
     update = known_commands.add_parser(
@@ -126,6 +139,15 @@ def _merge(args: argparse.Namespace) -> int:
     if changes is not None:
         print(f"\nchanges since {args.previous}:")
         print("\n".join(render.render_changes_text(changes)))
+    print()
+    print("\n".join(f"wrote {path}" for path in written))
+    return 0
+
+
+def _render(args: argparse.Namespace) -> int:
+    doc = stream.read(args.dir / stream.NAME)
+    written = render.write_reports(doc, args.output or args.dir)
+    print("\n".join(render.render_text(doc)))
     print()
     print("\n".join(f"wrote {path}" for path in written))
     return 0

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from _pytest.reports import TestReport
 
-from pytest_ptn import expectations, hookspecs, upstream_noise
+from pytest_ptn import expectations, hookspecs, stopping, upstream_noise
 from pytest_ptn.backend import Backend, BackendError, availability_of, resolve_backend
 from pytest_ptn.programs import catalogue, zoo
 from pytest_ptn.reporting import collect, repro
@@ -121,6 +121,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if workerinput and "ptn_sys_path" in workerinput:  # backends the controller could import, workers can
         sys.path[:0] = [p for p in workerinput["ptn_sys_path"] if p not in sys.path]
     collect.configure(config)
+    stopping.configure(config, state.explicit)
     repro.configure(config)
     shards.configure(config)
     gpus.configure(config)

@@ -36,6 +36,11 @@ SHOULD_COUNTING = (
 NOTHING_RAN = NOT_APPLICABLE_PREFIX
 """The verdict of a level none of whose tests ran (every cell n/a or skipped)."""
 
+NONE_FAILING_SO_FAR = "none failing of the tests that finished"
+"""The verdict of a level without failures in an incomplete run: never "all pass" over unchecked tests."""
+
+REPORT_FILES = ("results.json", "summary.md", "index.html")
+
 # --- text ---------------------------------------------------------------------------------------------
 
 Paint = Callable[[str, str], str]
@@ -67,12 +72,13 @@ def render_text(doc: Results, paint: Paint = _no_paint, pytest_showed: bool = Fa
     a cell's text (padding is added after). With `pytest_showed` (the run's own terminal), a failure that
     pytest's FAILURES section showed is listed by name and command, its text not printed again."""
     matrix = build_matrix(doc.results)
+    incomplete = [paint(doc.incomplete_headline, FAIL)] if doc.incomplete_headline else []
     if not matrix.rows:
-        return ["no conformance results"]
+        return [*incomplete, "no conformance results"]
     causes = find_causes(doc.results)
     numbers = cause_of(causes)
-    lines = cause_views.text_lines(causes)
-    if lines:
+    lines = [*incomplete, *cause_views.text_lines(causes)]
+    if len(lines) > len(incomplete):
         lines.append("")
     id_width = max(len(row.rule) for row in matrix.rows) + 1
     names = {row.rule: f"{row.rule.ljust(id_width)} {row.title}"[:_NAME_WIDTH] for row in matrix.rows}
@@ -192,7 +198,9 @@ def render_markdown(doc: Results, changes: Sequence[CellChange] | None = None) -
     """Sized for $GITHUB_STEP_SUMMARY: verdict, provenance, matrix, then what failed and how to rerun it."""
     matrix = build_matrix(doc.results)
     lines = [f"## pytest-ptn conformance (spec v{doc.spec_version})", ""]
-    lines += [_verdict(matrix), ""]
+    if doc.incomplete_headline:
+        lines += [f"**⚠️ {_md(doc.incomplete_headline)}**", ""]
+    lines += [_verdict(matrix, doc.complete), ""]
     lines += [f"<sub>{_md(p)}</sub><br>" for p in _provenance_lines(doc)] + [""]
     if changes is not None:
         lines += ["### Changes since previous run", ""]
@@ -237,16 +245,20 @@ def render_markdown(doc: Results, changes: Sequence[CellChange] | None = None) -
     return "\n".join(lines)
 
 
-def _verdict(matrix: Matrix) -> str:
+def _verdict(matrix: Matrix, complete: bool = True) -> str:
     parts = []
     for level, failing, ran in _verdicts(matrix):
         cells = ", ".join(f"{rule} on {backend}" for rule, backend in failing)
         parts.append(
             f"**{level}: {len(failing)} failing** ({cells})"
             if failing
-            else f"**{level}: {'all pass' if ran else NOTHING_RAN}**"
+            else f"**{level}: {_no_failure(ran, complete)}**"
         )
     return " · ".join(parts) or "No conformance results."
+
+
+def _no_failure(ran: bool, complete: bool) -> str:
+    return NOTHING_RAN if not ran else "all pass" if complete else NONE_FAILING_SO_FAR
 
 
 def _verdicts(matrix: Matrix) -> list[tuple[str, list[tuple[str, str]], bool]]:
@@ -375,9 +387,11 @@ def render_html(doc: Results, changes: Sequence[CellChange] | None = None) -> st
             f'<span class="bad">{level}: {len(failing)} failing</span> ({_h(cells)})'
             if failing
             else f'<span class="good">{level}: all pass</span>'
-            if ran
-            else f'<span class="na">{level}: {NOTHING_RAN}</span>'
+            if ran and doc.complete
+            else f'<span class="na">{level}: {_no_failure(ran, doc.complete)}</span>'
         )
+    if doc.incomplete_headline:
+        out.append(f'<p class="verdict"><span class="bad">{_h(doc.incomplete_headline)}</span></p>')
     out.append(f'<p class="verdict">{" · ".join(verdict) or "No conformance results."}</p>')
     out += [f'<p class="prov">{_h(p)}</p>' for p in _provenance_lines(doc)]
     out.append(
@@ -430,7 +444,7 @@ def render_html(doc: Results, changes: Sequence[CellChange] | None = None) -> st
 def write_reports(doc: Results, outdir: Path, changes: Sequence[CellChange] | None = None) -> list[Path]:
     """Write results.json, summary.md and index.html into `outdir`; return their paths."""
     outdir.mkdir(parents=True, exist_ok=True)
-    json_path, md_path, html_path = outdir / "results.json", outdir / "summary.md", outdir / "index.html"
+    json_path, md_path, html_path = (outdir / name for name in REPORT_FILES)
     save(doc, json_path, {"causes": [cause.to_dict() for cause in find_causes(doc.results)]})
     md_path.write_text(render_markdown(doc, changes), encoding="utf-8")
     html_path.write_text(render_html(doc, changes), encoding="utf-8")
