@@ -75,7 +75,10 @@ def test_three_shards_merge_into_the_unsharded_matrix(
 ) -> None:
     """As the pods of a Kubernetes Indexed Job run them (``--ptn-shard=auto``), and as the merge job finds
     them: every shard there, or one missing."""
-    three_cases = "colliding_literals or colliding_scalars or total_collision"  # total_collision: S2 and S3
+    # total_collision: S2 and S3; the float32 scenarios only
+    three_cases = (
+        "(colliding_literals or colliding_scalars or total_collision) and not in_bf16 and not in_fp16"
+    )
     common = ["--ptn-backend=reference", "-m", "S2 or S3", "-k", three_cases]
     assert pytester.runpytest(*common, "--ptn-report", str(tmp_path / "full")).ret == 0
     full = results.load(tmp_path / "full" / "results.json")

@@ -159,7 +159,8 @@ def test_a_signalled_run_keeps_every_finished_verdict_and_says_it_is_incomplete(
 
 
 def test_sigterm_on_the_reference_suite_keeps_what_finished(slow_run: Callable[..., Run]) -> None:
-    run = slow_run(str(ROOT / "conformance"), "-k", "colliding_literals or kv_cache")
+    float32 = "(colliding_literals or kv_cache) and not in_bf16 and not in_fp16"
+    run = slow_run(str(ROOT / "conformance"), "-k", float32)
     run.wait_for(lambda: streamed_tests(run.outdir) >= 4, "4 tests finished")
     run.proc.send_signal(signal.SIGTERM)
     out = run.finish()
@@ -168,14 +169,14 @@ def test_sigterm_on_the_reference_suite_keeps_what_finished(slow_run: Callable[.
     finished = streamed_tests(run.outdir)
     assert data["run"] == {
         "complete": False,
-        "selected": 22,
+        "selected": 26,
         "finished": finished,
         "stopped": "stopped by SIGTERM",
         "shard": None,
     }
     assert len({row["nodeid"] for row in data["results"]}) == finished >= 4
     summary = (run.outdir / "summary.md").read_text()
-    assert f"INCOMPLETE: {finished} of 22 selected tests finished; stopped by SIGTERM" in summary
+    assert f"INCOMPLETE: {finished} of 26 selected tests finished; stopped by SIGTERM" in summary
     assert "all pass" not in summary
 
 
