@@ -170,6 +170,12 @@ source checkout run with ``-p pytest_ptn.plugin`` and nothing installed (an air-
 entry points, yet ``--ptn-backend=aoti`` must mean the same there."""
 
 
+EXT_PREFIX = "ext:"
+"""``ext:<flow>`` names a TestFlow of ExecuTorch's backend test suite (pytest_ptn.backends.ext)."""
+EXT_FLOWS = "pytest_ptn.backends.ext:flow_backend"
+"""What makes the backend class of a flow name: imported only when an ``ext:`` backend is asked for."""
+
+
 def installed_backends() -> dict[str, importlib.metadata.EntryPoint]:
     """Backends by name: the entry points of every installed distribution, plus this project's own when
     pytest-ptn itself is not installed (its modules imported from a source checkout)."""
@@ -196,8 +202,11 @@ def is_module_class_path(spec: str) -> bool:
 def resolve_backend(spec: str) -> type[Backend]:
     """A concrete backend class from an installed name or a ``module:Class`` path.
 
-    Importing runs the backend's own code, so any exception it raises is reported as BackendNotFound."""
-    if ":" in spec:
+    Importing runs the backend's own code, so any exception it raises is reported as BackendNotFound.
+    ``ext:<flow>`` is a flow of ExecuTorch's backend test suite, looked up before ``module:Class``."""
+    if spec.startswith(EXT_PREFIX):
+        cls = ext_flow_backend(spec.removeprefix(EXT_PREFIX))
+    elif ":" in spec:
         if not is_module_class_path(spec):
             raise BackendNotFound(f"{spec!r} is neither an installed backend nor a module:Class path")
         module_name, _, attr = spec.partition(":")
@@ -222,6 +231,15 @@ def resolve_backend(spec: str) -> type[Backend]:
         missing = ", ".join(sorted(cls.__abstractmethods__))
         raise BackendError(f"backend {spec!r} is abstract: it does not implement {missing}")
     return cls
+
+
+def ext_flow_backend(flow: str) -> type[Backend]:
+    """The backend class of one flow name; the registry itself is read by its availability()."""
+    if not flow.isidentifier():
+        raise BackendNotFound(f"{EXT_PREFIX}{flow!r}: a flow name is an identifier, such as ext:xnnpack")
+    module_name, _, attr = EXT_FLOWS.partition(":")
+    make: Callable[[str], type[Backend]] = getattr(importlib.import_module(module_name), attr)
+    return make(flow)
 
 
 def availability_of(spec: str, cls: type[Backend]) -> Availability:
