@@ -45,6 +45,8 @@ class Capability(enum.Enum):
 class Availability:
     available: bool
     reason: str = ""
+    """Why the backend cannot run here; for one that can, what a reader of its results must know (the run
+    header and ``list backends`` show it)."""
     versions: dict[str, str] = field(default_factory=dict)
 
 
@@ -164,6 +166,7 @@ PROJECT_BACKENDS = {
     "aoti": "pytest_ptn.backends.aoti.backend:AotiBackend",
     "aoti-upstream": "pytest_ptn.backends.aoti.backend:AotiUpstreamBackend",
     "cuda": "pytest_ptn.backends.cuda:CudaDelegateBackend",
+    "openvino": "pytest_ptn.backends.openvino:OpenvinoBackend",
 }
 """This project's own backends, as pyproject.toml's entry points name them (a test keeps the two equal): a
 source checkout run with ``-p pytest_ptn.plugin`` and nothing installed (an air-gapped GPU runner) has no

@@ -64,7 +64,8 @@ class Registry:
                 f"flow {flow!r} is not registered: executorch's test suite skipped its {group} flows: {why}"
             )
         left_out = "".join(f"; {g} flows skipped: {why}" for g, why in sorted(self.skipped.items()))
-        return f"no flow {flow!r} in executorch's test-suite registry (it has {', '.join(sorted(self.flows))}){left_out}"
+        has = ", ".join(sorted(self.flows))
+        return f"no flow {flow!r} in executorch's test-suite registry (it has {has}){left_out}"
 
 
 @functools.cache
@@ -151,8 +152,16 @@ def _stage_of(tester: Any, step: str) -> Any:
 
 
 def delegates_of(partitioners: list[Any]) -> set[str]:
-    """The runtime backends (``CoreMLBackend``) a lowering with these partitioners delegates to."""
-    return {p.delegation_spec.backend_id for p in partitioners}
+    """The runtime backends (``CoreMLBackend``) these partitioners delegate to, by their delegation specs; a
+    partitioner without one that wraps another (WebGPU's wraps Vulkan's) delegates to what it wraps."""
+    found: set[str] = set()
+    for p in partitioners:
+        spec = getattr(p, "delegation_spec", None)
+        if spec is not None:
+            found.add(spec.backend_id)
+        else:
+            found |= delegates_of([v for v in vars(p).values() if hasattr(v, "partition")])
+    return found
 
 
 class ExtFlowBackend(Backend):
@@ -219,6 +228,21 @@ class ExtFlowBackend(Backend):
     def load(self, lowered: Any) -> Loaded:
         assert isinstance(lowered, PteLowered)
         return PteLoaded(lowered)
+
+
+def listing() -> list[tuple[str, type[ExtFlowBackend] | None, str]]:
+    """What ``list backends`` shows of the registry: (name, class, why not registered) for every registered
+    flow (class set, reason empty), then one row per group of flows the registry skipped (class None)."""
+    if importlib.util.find_spec("executorch") is None:
+        return [(f"{EXT_PREFIX}*", None, "executorch is not installed")]
+    found = registry()
+    rows: list[tuple[str, type[ExtFlowBackend] | None, str]] = [
+        (f"{EXT_PREFIX}{name}", flow_backend(name), "") for name in sorted(found.flows)
+    ]
+    for group, why in sorted(found.skipped.items()):
+        name = re.sub(r"[^a-z0-9]+", "_", group.lower())
+        rows.append((f"{EXT_PREFIX}{name}*", None, f"{group} flows not registered: {why}"))
+    return rows
 
 
 @functools.cache
