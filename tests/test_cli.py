@@ -166,6 +166,8 @@ def test_list_backends_shows_every_ext_flow_and_why_it_cannot_run_here(
     assert {"ext:portable", "ext:xnnpack", "ext:xnnpack_dynamic_int8_per_channel"} <= set(ext_rows)
     assert ext_rows["ext:portable"]["available"] is True
     assert ext_rows["ext:portable"]["rules"] == by_name["pte"]["rules"]
+    quantized = ext_rows["ext:xnnpack_dynamic_int8_per_channel"]
+    assert not quantized["available"] and "quantized recipes are not run yet" in quantized["reason"]
     coreml = ext_rows.get("ext:coreml")
     if coreml is not None:  # registered where coremltools imports: it lowers, the pip runtime cannot load it
         assert not coreml["available"]

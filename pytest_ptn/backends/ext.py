@@ -176,8 +176,8 @@ class ExtFlowBackend(Backend):
 
     @classmethod
     def availability(cls) -> Availability:
-        """Said before any test: the flow is not registered (its toolchain or SDK is missing), cannot write a
-        .pte, or lowers to a delegate this runtime does not have (which would fail every load with 0x20).
+        """Said before any test: the flow is not registered (its toolchain or SDK is missing), quantizes,
+        cannot write a .pte, or lowers to a delegate this runtime lacks (which would fail every load: 0x20).
         Importing the registry is the price of asking: only an ``ext:`` backend ever pays it."""
         if importlib.util.find_spec("executorch") is None:
             return Availability(False, "executorch is not installed")
@@ -187,6 +187,12 @@ class ExtFlowBackend(Backend):
         flow = cls.flow()
         dists = ("executorch", "torch", *TOOLCHAINS.get(flow.backend, ()))
         versions = {d: v for d in dists if (v := package_version(d)) is not None}
+        if flow.quantize:
+            why = (
+                f"flow {flow.name!r} quantizes: quantized recipes are not run yet (each method must be "
+                "quantized before export, and checked against its converted modules, not float eager)"
+            )
+            return Availability(False, why, versions)
         if not flow.supports_serialize:
             why = f"flow {flow.name!r} has supports_serialize=False: it cannot write a .pte to load"
             return Availability(False, why, versions)
@@ -278,9 +284,8 @@ def _no_root_handler_installed() -> Iterator[None]:
 def _records(logger_name: str) -> Iterator[list[logging.LogRecord]]:
     """The records one logger emits while inside (at INFO and above, whatever its level was)."""
     logger = logging.getLogger(logger_name)
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler(logging.INFO)
-    handler.emit = records.append  # type: ignore[method-assign]
+    handler = _Kept()
+    records = handler.records
     logger.addHandler(handler)
     propagate, logger.propagate = logger.propagate, False  # kept here: said once, in availability
     try:
@@ -288,6 +293,15 @@ def _records(logger_name: str) -> Iterator[list[logging.LogRecord]]:
     finally:
         logger.propagate = propagate
         logger.removeHandler(handler)
+
+
+class _Kept(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
 
 
 def _normalized(name: str) -> str:
