@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from pytest_ptn import upstream_noise
+from pytest_ptn import expectations, upstream_noise
 from pytest_ptn.backend import BackendNotFound, resolve_backend
 from pytest_ptn.backends import ext
 from pytest_ptn.harness import Case
@@ -130,3 +130,16 @@ def test_a_run_on_a_flow_checks_its_programs_and_refuses_one_that_cannot_load(
     refused = pytester.runpytest_inprocess(*QUIET, "--ptn-backend=ext:coreml", "-m", "E1")
     assert refused.ret == pytest.ExitCode.USAGE_ERROR
     refused.stderr.fnmatch_lines(["*--ptn-backend=ext:coreml is unavailable on this machine: *CoreML*"])
+
+
+@pytest.mark.parametrize(("flow", "pte_backend"), [("portable", "pte"), ("xnnpack", "pte-xnnpack")])
+def test_a_flow_is_known_to_fail_exactly_as_the_pte_backend_it_matches(flow: str, pte_backend: str) -> None:
+    """Both files are strict, and CI runs both backends: together they hold the flow to pte's verdicts."""
+    folder = Path(SUITE) / "expectations"
+    ext_file = expectations.read(folder / expectations.file_name(f"ext:{flow}"))
+    pte_file = expectations.read(folder / expectations.file_name(pte_backend))
+    assert ext_file.backend == f"ext:{flow}"
+    assert ext_file.requires == pte_file.requires
+    assert [(e.rule, e.scenario, e.reason) for e in ext_file.entries] == [
+        (e.rule, e.scenario, e.reason) for e in pte_file.entries
+    ]
