@@ -119,13 +119,14 @@ class PteBackend(Backend):
         return ExecutorchBackendConfig()
 
     def lower(self, programs: dict[str, ExportedProgram], workdir: Path) -> PteLowered:
-        return lower_to_pte(
-            programs,
-            workdir,
-            partitioners={method: self.partitioners(method) for method in programs},
-            transform_passes=self.transform_passes(),
-            config=self.config(),
-        )
+        with upstream_noise.contained():  # importing a partitioner warns too
+            return lower_to_pte(
+                programs,
+                workdir,
+                partitioners={method: self.partitioners(method) for method in programs},
+                transform_passes=self.transform_passes(),
+                config=self.config(),
+            )
 
     def load(self, lowered: Lowered) -> PteLoaded:
         assert isinstance(lowered, PteLowered)
