@@ -25,7 +25,7 @@ from pytest_ptn.reporting import matrix, render, results, stream
 from pytest_ptn.ruleset import SPEC_VERSION
 
 LISTINGS: dict[str, tuple[Callable[[], list[Any]], Callable[[list[Any]], list[str]]]] = {
-    "backends": (inventory.backends, inventory.render_backends),
+    "backends": (inventory.all_backends, inventory.render_backends),
     "scenarios": (inventory.scenarios, inventory.render_scenarios),
     "rules": (inventory.rules, inventory.render_rules),
 }

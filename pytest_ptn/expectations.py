@@ -49,6 +49,12 @@ FUZZ_SCENARIO = "fuzz"
 """The scenario the fuzz test's failures are reported and listed under."""
 
 
+def file_name(backend: str) -> str:
+    """The file a backend's known failures are kept in: ``ext:xnnpack`` in ``ext-xnnpack.toml``, as no file
+    name holds ``:`` on every system (the file's own ``backend`` says which backend it is about)."""
+    return f"{backend.replace(':', '-')}.toml"
+
+
 class ExpectationsError(ValueError):
     """A malformed expectations file; the message names the file and the entry."""
 

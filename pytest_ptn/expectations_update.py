@@ -25,7 +25,14 @@ from packaging.version import InvalidVersion, Version
 
 from pytest_ptn import DISTRIBUTION
 from pytest_ptn.backend import Backend, availability_of, resolve_backend
-from pytest_ptn.expectations import ANY_SCENARIO, Expectation, ExpectationFile, ExpectationsError, read
+from pytest_ptn.expectations import (
+    ANY_SCENARIO,
+    Expectation,
+    ExpectationFile,
+    ExpectationsError,
+    file_name,
+    read,
+)
 from pytest_ptn.reporting import reasons, results
 from pytest_ptn.reporting.collect import NO_BACKEND
 from pytest_ptn.ruleset import RULES
@@ -286,7 +293,7 @@ def update(doc: results.Results, path: Path | None, where: Path) -> list[Update]
     updates = []
     for name in names:
         specs = [s for s, c in classes.items() if c.name == name]
-        target = path if path is not None else where / f"{name}.toml"
+        target = path if path is not None else where / file_name(name)
         existing = old if old is not None else read(target, ran) if target.exists() else None
         rows = [r for r in doc.results if r.backend in specs]
         update, final = plan(target, name, existing.entries if existing else (), rows)

@@ -211,6 +211,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         a = state.availability[spec]
         versions = ", ".join(f"{k} {v}" for k, v in a.versions.items())
         status = f"available ({versions})" if a.available else f"UNAVAILABLE: {a.reason}"
+        if a.available and a.reason:
+            status += f"; {a.reason}"
         lines.append(f"ptn backend {spec}: {status}")
         cls = state.classes[spec]
         for f in state.expectation_files:
