@@ -7,14 +7,17 @@ bf16 program, whose results are only good to about 2**-8 of their magnitude. For
 result, ``w`` the same element when eager runs the same program (same values, exactly widened) in float64,
 and ``have`` the backend's, the two agree when
 
-    |have - e| <= FLOOR * (1 + |e|) + 2 * eps(dtype) * |e| + 2 * |e - w|
+    |have - e| <= FLOOR * (1 + |e|) + 2 * eps(dtype) * |e| + 2 * max |e - w|
 
 - ``2 * eps * |e|``: eager and the backend each round the result to the dtype once; the two roundings can
   land a step (``eps * |e|`` at most, for round-to-nearest) apart each way. This is the one bf16 step (0.0078
   near 1) a correct bf16 backend shows on part of its elements.
-- ``2 * |e - w|``: how far eager's own arithmetic in the dtype moved this element from the float64 result
-  (rounding of intermediates, accumulated through the program). A correct backend may be as far off, in the
-  other direction; measured per element, so one large value of a result never hides an error in a small one.
+- ``2 * max |e - w|``, the max over the tensor: how far eager's own arithmetic in the dtype moved its
+  results from the float64 ones (rounding of intermediates, accumulated through the program). A correct
+  backend rounds at other points and in another order, so its error is as large but falls on other elements:
+  each of the two results is within that distance of the float64 one, so they are within twice it of each
+  other. (Per element it would not hold: where eager happens to land on the float64 value, a correct
+  backend still shows the program's typical error, a few bf16 steps after two transformer layers.)
 - ``FLOOR``: the float32 bound of conformance spec v1 (1e-5, absolute and relative), below which float32 and
   wider programs are equal, as they always were.
 
@@ -55,8 +58,8 @@ def allowed(want: torch.Tensor, wide: torch.Tensor | None = None) -> torch.Tenso
     e = want.detach().to(torch.float64)
     eps = torch.finfo(want.dtype).eps if want.is_floating_point() else 0.0
     bound = FLOOR * (1 + e.abs()) + 2 * eps * e.abs()
-    if wide is not None and wide.shape == want.shape:
-        bound = bound + 2 * (e - wide.detach().to(torch.float64)).abs()
+    if wide is not None and wide.shape == want.shape and want.numel():
+        bound = bound + 2 * (e - wide.detach().to(torch.float64)).abs().max()
     return bound
 
 

@@ -25,13 +25,13 @@ def test_one_bf16_step_is_equal_and_three_are_not() -> None:
     assert not equal(want.to(torch.float64) + 3 * step, want)
 
 
-def test_eager_noise_widens_only_its_own_element() -> None:
+def test_eager_noise_widens_the_tensor_it_was_measured_on() -> None:
     want = torch.tensor([1.0, 1.0], dtype=torch.bfloat16)
     wide = torch.tensor([1.05, 1.0], dtype=torch.float64)  # eager's own rounding moved element 0 by 0.05
-    bound = allowed(want, wide)
-    assert float(bound[0]) > 0.1 and float(bound[1]) < 0.02
-    assert equal(torch.tensor([1.09, 1.0]), want, wide)
-    assert not equal(torch.tensor([1.0, 1.09]), want, wide)
+    assert float(allowed(want, wide).min()) > 0.1
+    assert equal(torch.tensor([1.0, 1.09]), want, wide)  # a correct backend's error falls elsewhere
+    assert not equal(torch.tensor([1.0, 1.2]), want, wide)
+    assert float(allowed(want).max()) < 0.02
 
 
 def test_integers_are_exact() -> None:
