@@ -42,7 +42,7 @@ def test_a_failing_case_bundle_replays_its_failure_in_a_fresh_folder(
         str(suite_path()),
         "--ptn-backend=broken_backends:BindsByKey",
         "-k",
-        f"test_each_method_matches_eager and ({FAILING}] or {PASSING}])",
+        f"test_each_method_matches_eager and ({FAILING}-up_front] or {PASSING}-up_front])",
         "-p",
         "no:cacheprovider",
         repro.OPTION,
