@@ -97,8 +97,6 @@ def _refuse_calls(program: UserProgram, sequence: list) -> None:
 
 
 def _check(backend: Backend, program: UserProgram, sequence: list, workdir: Path) -> list[Finding]:
-    import torch
-
     from pytest_ptn.check.execution import run_calls
     from pytest_ptn.check.explain import explain
     from pytest_ptn.check.package import package_findings
@@ -122,7 +120,7 @@ def _check(backend: Backend, program: UserProgram, sequence: list, workdir: Path
             k: [m for m, ep in inspected.items() if k in constants_of(ep)] for k in mutable_keys(inspected)
         }
         state_rules = {k: "E3" if len(methods) > 1 else "E4" for k, methods in users.items()}
-    wide = program.eager(torch.float64) if program.reduced_precision else None
+    wide = program.wide_eager()
     findings, returned = run_calls(loaded, program.eager(), sequence, state_rules, wide)
     if any(f.stage == Stage.LOAD for f in findings):
         return findings
@@ -161,13 +159,11 @@ def _loaded_at_first_call(
     """A copy whose methods load at their first call, after the others ran (as
     ``executorch.extension.module.Module`` loads them): its calls match eager where the up-front copy's
     did."""
-    import torch
-
     from pytest_ptn.check.execution import run_calls
     from pytest_ptn.schedule import LoadSchedule
 
     schedule = LoadSchedule.AT_FIRST_CALL
-    wide = program.eager(torch.float64) if program.reduced_precision else None
+    wide = program.wide_eager()
     findings, _ = run_calls(loaded, program.eager(), sequence, state_rules, wide, schedule)
     said = schedule.describe([name for name, _ in sequence])
     return [
@@ -212,11 +208,9 @@ def _second_copy(
 ) -> list[Finding]:
     """A copy loaded after the first one ran, methods in reverse order: it starts from eager's initial state
     (E4: copies share no state), and its calls match eager where the first copy's did (E1)."""
-    import torch
-
     from pytest_ptn.check.execution import run_calls
 
-    wide = program.eager(torch.float64) if program.reduced_precision else None
+    wide = program.wide_eager()
     findings, _ = run_calls(second, program.eager(), sequence, state_rules, wide)
     return [
         dataclasses.replace(f, rule="E4", detail=f"a second loaded copy: {f.detail}")

@@ -114,6 +114,11 @@ class UserProgram:
         tie_state(modules, mutable_keys(self.inspected()))
         return modules
 
+    def wide_eager(self) -> dict[str, nn.Module] | None:
+        """A fresh eager copy widened to float64 for a reduced-precision program (to bound its rounding,
+        pytest_ptn.comparison), None for one in float32 or wider."""
+        return self.eager(torch.float64) if self.reduced_precision else None
+
     @cached_property
     def reduced_precision(self) -> bool:
         """Whether the program holds or takes a floating tensor coarser than float32 (a bf16 model): then
