@@ -26,6 +26,7 @@ def test_generated_programs_match_eager(
 
     from pytest_ptn.harness import check_spec, fail_on
     from pytest_ptn.scheduling import crashes
+    from pytest_ptn.session import FAILING_PROGRAM
     from pytest_ptn.spec import ProgramSpec
     from pytest_ptn.strategies import program_specs, reproducer
 
@@ -57,6 +58,7 @@ def test_generated_programs_match_eager(
         message = e.msg
     # Hypothesis replays the failing (nightly: the shrunk) program last. Its notes, which repeat the
     # program, stay behind with its exception: the program is printed once, as a test.
+    request.node.stash[FAILING_PROGRAM] = failed[-1]
     backend = dict(request.node.user_properties).get("ptn_backend", ptn_backend.name)
     program = reproducer(failed[-1])
     pytest.fail(

@@ -13,7 +13,7 @@ from pytest_ptn.check.package import (
     reference_findings,
     state_alias_findings,
 )
-from pytest_ptn.harness import Case
+from pytest_ptn.harness import Case, fail_with
 from pytest_ptn.programs.exported import constants_of
 
 pytestmark = pytest.mark.ptn_scenarios("valid")
@@ -26,20 +26,20 @@ ZIP_TIME_STEP = 2
 def test_immutable_constants_live_in_their_method_namespace(ptn_case: Case) -> None:
     view = ptn_case.lower().package()
     wrong = [str(f) for f in namespace_findings(view, ptn_case.exported()) if f.rule == "P1"]
-    assert not wrong, "\n".join(wrong)
+    fail_with(wrong)
 
 
 @pytest.mark.P2
 def test_mutated_keys_are_one_state_entry(ptn_case: Case) -> None:
     view = ptn_case.lower().package()
     wrong = [str(f) for f in namespace_findings(view, ptn_case.exported()) if f.rule == "P2"]
-    assert not wrong, "\n".join(wrong)
+    fail_with(wrong)
 
 
 @pytest.mark.P3
 def test_every_reference_is_rewritten_and_resolves(ptn_case: Case) -> None:
     wrong = [str(f) for f in reference_findings(ptn_case.lower().package())]
-    assert not wrong, "\n".join(wrong)
+    fail_with(wrong)
 
 
 @pytest.mark.P4
@@ -47,7 +47,7 @@ def test_identical_immutable_tensors_are_stored_once(ptn_case: Case) -> None:
     view = ptn_case.lower().package()
     programs = ptn_case.exported()
     wrong = [str(f) for f in dedupe_findings(view, programs)]
-    assert not wrong, "\n".join(wrong)
+    fail_with(wrong)
     for method, ep in programs.items():
         for key, use in constants_of(ep).items():
             final = view.bindings[method][key]
@@ -60,7 +60,7 @@ def test_identical_immutable_tensors_are_stored_once(ptn_case: Case) -> None:
 @pytest.mark.P5
 def test_state_is_never_an_alias(ptn_case: Case) -> None:
     wrong = [str(f) for f in state_alias_findings(ptn_case.lower().package())]
-    assert not wrong, "\n".join(wrong)
+    fail_with(wrong)
 
 
 @pytest.mark.P9

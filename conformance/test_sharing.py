@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from pytest_ptn.backend import Loaded
+from pytest_ptn.check.findings import Finding
 from pytest_ptn.check.storage import (
     concurrent_partition,
     partition,
@@ -12,11 +15,18 @@ from pytest_ptn.check.storage import (
     split_identical_findings,
     topology,
 )
-from pytest_ptn.harness import Case, fail_on
+from pytest_ptn.comparison import equal
+from pytest_ptn.harness import Case, fail_on, fail_with
 from pytest_ptn.programs.exported import (
     immutable_by_content,
     unique_immutable_bytes,
 )
+
+
+def _as(rule: str, findings: list[Finding]) -> list[str]:
+    """Findings told as breaking the test's own rule: a pair shared across a total collision breaks S2 and
+    S3 alike, and an S2 test says S2."""
+    return [str(dataclasses.replace(f, rule=rule)) for f in findings]
 
 
 def _load_all(case: Case, order: list[str] | None = None) -> Loaded:
@@ -32,7 +42,7 @@ def test_identical_constants_share_one_allocation(ptn_case: Case) -> None:
     programs = ptn_case.exported()
     storages = topology(_load_all(ptn_case), programs)
     wrong = [str(f) for f in split_identical_findings(storages, immutable_by_content(programs))]
-    assert not wrong, "\n".join(wrong)
+    fail_with(wrong)
 
 
 @pytest.mark.S2
@@ -40,8 +50,8 @@ def test_identical_constants_share_one_allocation(ptn_case: Case) -> None:
 def test_same_name_different_content_is_never_shared(ptn_case: Case) -> None:
     programs = ptn_case.exported()
     storages = topology(_load_all(ptn_case), programs)
-    wrong = [str(f) for f in shared_differing_findings(storages, immutable_by_content(programs))]
-    assert not wrong, "\n".join(wrong)
+    wrong = _as("S2", shared_differing_findings(storages, immutable_by_content(programs)))
+    fail_with(wrong)
     fail_on(ptn_case.run_sequence(ptn_case.load()), "outputs differ from eager")
 
 
@@ -51,8 +61,8 @@ def test_later_method_with_every_name_cached_is_still_checked(ptn_case: Case) ->
     programs = ptn_case.exported()
     loaded = _load_all(ptn_case)
     storages = topology(loaded, programs)
-    wrong = [str(f) for f in shared_differing_findings(storages, immutable_by_content(programs))]
-    assert not wrong, "\n".join(wrong)
+    wrong = _as("S3", shared_differing_findings(storages, immutable_by_content(programs)))
+    fail_with(wrong)
     fail_on(ptn_case.run_sequence(loaded), "outputs differ from eager after loading every method")
 
 
@@ -69,11 +79,12 @@ def test_two_programs_in_one_process_do_not_leak(
     mismatches = []
     for i, call in enumerate(other.eager()):
         got = second.run(call.method, [t.clone() for t in call.inputs])
-        if not all(g.allclose(w, rtol=1e-5, atol=1e-5) for g, w in zip(got, call.outputs, strict=False)):
+        bounds = zip(got, call.outputs, call.output_bounds(), strict=False)
+        if len(got) != len(call.outputs) or not all(equal(g, w, wide) for g, w, wide in bounds):
             mismatches.append(
                 f"call #{i} {call.method}() of the second program reads the first program's data"
             )
-    assert not mismatches, "\n".join(mismatches)
+    fail_with(mismatches)
 
 
 @pytest.mark.S5
@@ -104,10 +115,21 @@ def test_sharing_check_costs_no_memory(ptn_case: Case) -> None:
     )
 
 
+CONCURRENT_ATTEMPTS = 16
+"""How many times S7 loads every method at once before it passes. A check-then-insert race shows only when
+the threads interleave just so: one try passes or fails by chance, and a baseline taken from one run would
+not hold for the next."""
+
+
 @pytest.mark.S7
 @pytest.mark.ptn_scenarios("dedupe")
 def test_concurrent_loads_give_the_same_topology(ptn_case: Case) -> None:
     programs = ptn_case.exported()
     sequential = partition(topology(_load_all(ptn_case), programs))
-    concurrent = concurrent_partition(ptn_case.backend, ptn_case.lower(), programs)
-    assert concurrent == sequential, "threads change the sharing topology"
+    attempt, concurrent = 0, sequential
+    while concurrent == sequential and attempt < CONCURRENT_ATTEMPTS:
+        attempt += 1
+        concurrent = concurrent_partition(ptn_case.backend, ptn_case.lower(), programs)
+    assert concurrent == sequential, (
+        f"threads change the sharing topology (in concurrent load {attempt} of up to {CONCURRENT_ATTEMPTS})"
+    )

@@ -3,7 +3,9 @@
 python -m pytest_ptn --version
 python -m pytest_ptn list {backends,scenarios,rules} [--json]
 python -m pytest_ptn report merge A.json B.json ... -o OUTDIR [--previous OLD.json]
+python -m pytest_ptn report render DIR [-o OUTDIR]
 python -m pytest_ptn expectations update RESULTS.json [--file EXPECTATIONS.toml]
+python -m pytest_ptn new-backend NAME [--into DIR]
 """
 
 from __future__ import annotations
@@ -17,13 +19,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pytest_ptn import DISTRIBUTION, __version__, expectations, expectations_update, inventory
+from pytest_ptn import DISTRIBUTION, __version__, expectations, expectations_update, inventory, skeleton
 from pytest_ptn.backend import BackendError
-from pytest_ptn.reporting import matrix, render, results
+from pytest_ptn.reporting import matrix, render, results, stream
 from pytest_ptn.ruleset import SPEC_VERSION
 
 LISTINGS: dict[str, tuple[Callable[[], list[Any]], Callable[[list[Any]], list[str]]]] = {
-    "backends": (inventory.backends, inventory.render_backends),
+    "backends": (inventory.all_backends, inventory.render_backends),
     "scenarios": (inventory.scenarios, inventory.render_scenarios),
     "rules": (inventory.rules, inventory.render_rules),
 }
@@ -63,6 +65,18 @@ def main(argv: list[str] | None = None) -> int:
         help="an earlier merged results.json: list the cells whose status changed, newly failing first",
     )
     merge.set_defaults(run=_merge)
+    rendering = report_commands.add_parser(
+        "render",
+        help=f"write results.json, summary.md, index.html from the {stream.NAME} a run left in DIR",
+        description=f"Every test a run finished is in DIR/{stream.NAME} as soon as it finishes, so a run "
+        "that was killed (SIGKILL, out of memory) before writing its reports still has them: this renders "
+        "them, marked incomplete unless the run ended normally.",
+    )
+    rendering.add_argument("dir", type=Path, metavar="DIR", help="the --ptn-report folder of the run")
+    rendering.add_argument(
+        "-o", "--output", type=Path, metavar="OUTDIR", help="where to write (default: DIR)"
+    )
+    rendering.set_defaults(run=_render)
     known = commands.add_parser("expectations", help="known-failure files (--ptn-expectations)")
     known_commands = known.add_subparsers(dest="expectations_command", required=True)
     update = known_commands.add_parser(
@@ -80,13 +94,29 @@ def main(argv: list[str] | None = None) -> int:
         help="the expectations file to update or create (default: <backend>.toml here, for each backend run)",
     )
     update.set_defaults(run=_update_expectations)
+    new_backend = commands.add_parser(
+        "new-backend",
+        help="write a backend package to fill in: entry point, Backend subclass, tests",
+        description="Writes NAME-ptn/ (pyproject.toml with the entry point, NAME_ptn/backend.py, tests/, "
+        "README.md): the reference backend under the name NAME, green on the suite, with the lowering and "
+        "the loader's binding to replace with your own.",
+    )
+    new_backend.add_argument("name", metavar="NAME")
+    new_backend.add_argument("--into", type=Path, default=Path.cwd(), metavar="DIR", help="default: here")
+    new_backend.set_defaults(run=_new_backend)
     args = parser.parse_args(argv)
     try:
         return int(args.run(args))
     except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as shell tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (OSError, results.ResultsFormatError, expectations.ExpectationsError, BackendError) as exc:
+    except (
+        OSError,
+        results.ResultsFormatError,
+        expectations.ExpectationsError,
+        BackendError,
+        skeleton.SkeletonError,
+    ) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
@@ -114,6 +144,15 @@ def _merge(args: argparse.Namespace) -> int:
     return 0
 
 
+def _render(args: argparse.Namespace) -> int:
+    doc = stream.read(args.dir / stream.NAME)
+    written = render.write_reports(doc, args.output or args.dir)
+    print("\n".join(render.render_text(doc)))
+    print()
+    print("\n".join(f"wrote {path}" for path in written))
+    return 0
+
+
 def _update_expectations(args: argparse.Namespace) -> int:
     updates = expectations_update.update(results.load(args.results), args.file, Path.cwd())
     for update in updates:
@@ -122,6 +161,14 @@ def _update_expectations(args: argparse.Namespace) -> int:
         print("\n".join(update.summary()))
     if not updates:
         print(f"{args.results} holds no conformance results: nothing to write")
+    return 0
+
+
+def _new_backend(args: argparse.Namespace) -> int:
+    written = skeleton.write(args.name, args.into)
+    print("\n".join(f"wrote {path}" for path in written))
+    root = written[0].parent
+    print(f"next: cd {root} && pip install -e . && pytest")
     return 0
 
 

@@ -23,6 +23,7 @@ from pytest_ptn import DISTRIBUTION
 if TYPE_CHECKING:
     import torch
 
+    from pytest_ptn.programs.build import EagerCall
     from pytest_ptn.spec import Scenario
 
 ENTRY_POINT_GROUP = "pytest_ptn.backends"
@@ -45,6 +46,8 @@ class Capability(enum.Enum):
 class Availability:
     available: bool
     reason: str = ""
+    """Why the backend cannot run here; for one that can, what a reader of its results must know (the run
+    header and ``list backends`` show it)."""
     versions: dict[str, str] = field(default_factory=dict)
 
 
@@ -98,6 +101,20 @@ class Lowered(ABC):
 
     def package(self) -> PackageView:
         raise NotImplementedError(f"{type(self).__name__} has no package view")
+
+    def files(self) -> dict[str, Path]:
+        """What this lowering wrote, by the attribute that holds each path (``path``, and e.g. a ``.ptd``'s
+        ``data_path``): a repro bundle copies them, and points the same attributes of a new lowering of the
+        program at the copies."""
+        return {"path": self.path}
+
+    def bundle_scripts(
+        self, calls_file: str, files: dict[str, str], calls: Sequence[EagerCall]
+    ) -> dict[str, str]:
+        """Extra scripts for a repro bundle, file name -> text: e.g. the same replay through the backend's own
+        runtime alone, for its engineers. ``files`` says where each of ``files()`` lies in the bundle and
+        ``calls_file`` where the calls are (safetensors: ``<call>/<inputs|outputs|inputs_after>/<index>``)."""
+        return {}
 
 
 class Loaded(ABC):
@@ -164,10 +181,17 @@ PROJECT_BACKENDS = {
     "aoti": "pytest_ptn.backends.aoti.backend:AotiBackend",
     "aoti-upstream": "pytest_ptn.backends.aoti.backend:AotiUpstreamBackend",
     "cuda": "pytest_ptn.backends.cuda:CudaDelegateBackend",
+    "openvino": "pytest_ptn.backends.openvino:OpenvinoBackend",
 }
 """This project's own backends, as pyproject.toml's entry points name them (a test keeps the two equal): a
 source checkout run with ``-p pytest_ptn.plugin`` and nothing installed (an air-gapped GPU runner) has no
 entry points, yet ``--ptn-backend=aoti`` must mean the same there."""
+
+
+EXT_PREFIX = "ext:"
+"""``ext:<flow>`` names a TestFlow of ExecuTorch's backend test suite (pytest_ptn.backends.ext)."""
+EXT_FLOWS = "pytest_ptn.backends.ext:flow_backend"
+"""What makes the backend class of a flow name: imported only when an ``ext:`` backend is asked for."""
 
 
 def installed_backends() -> dict[str, importlib.metadata.EntryPoint]:
@@ -196,8 +220,11 @@ def is_module_class_path(spec: str) -> bool:
 def resolve_backend(spec: str) -> type[Backend]:
     """A concrete backend class from an installed name or a ``module:Class`` path.
 
-    Importing runs the backend's own code, so any exception it raises is reported as BackendNotFound."""
-    if ":" in spec:
+    Importing runs the backend's own code, so any exception it raises is reported as BackendNotFound.
+    ``ext:<flow>`` is a flow of ExecuTorch's backend test suite, looked up before ``module:Class``."""
+    if spec.startswith(EXT_PREFIX):
+        cls = ext_flow_backend(spec.removeprefix(EXT_PREFIX))
+    elif ":" in spec:
         if not is_module_class_path(spec):
             raise BackendNotFound(f"{spec!r} is neither an installed backend nor a module:Class path")
         module_name, _, attr = spec.partition(":")
@@ -222,6 +249,15 @@ def resolve_backend(spec: str) -> type[Backend]:
         missing = ", ".join(sorted(cls.__abstractmethods__))
         raise BackendError(f"backend {spec!r} is abstract: it does not implement {missing}")
     return cls
+
+
+def ext_flow_backend(flow: str) -> type[Backend]:
+    """The backend class of one flow name; the registry itself is read by its availability()."""
+    if not flow.isidentifier():
+        raise BackendNotFound(f"{EXT_PREFIX}{flow!r}: a flow name is an identifier, such as ext:xnnpack")
+    module_name, _, attr = EXT_FLOWS.partition(":")
+    make: Callable[[str], type[Backend]] = getattr(importlib.import_module(module_name), attr)
+    return make(flow)
 
 
 def availability_of(spec: str, cls: type[Backend]) -> Availability:

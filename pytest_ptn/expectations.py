@@ -9,6 +9,7 @@ One TOML file per backend (and version range) in ``conformance/expectations/``:
     scenario = "colliding_literals"     # or "*"
     reason = "to_native rejects ..."
     link = "https://github.com/pytorch/executorch/pull/23891"
+    schedule = "at_first_call"          # optional: only under this load schedule (pytest_ptn.schedule)
 
 A listed failure that passes fails the run (strict xfail), so the data cannot go stale silently. ``link`` may
 be ``""`` while no upstream issue is filed yet (a fresh baseline): the run header counts such entries.
@@ -25,8 +26,10 @@ from pathlib import Path
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from pytest_ptn.programs import zoo
 from pytest_ptn.programs.catalogue import BY_NAME
 from pytest_ptn.ruleset import RULES
+from pytest_ptn.schedule import LoadSchedule
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -40,8 +43,16 @@ LINK_PENDING = ("link",)
 """Fields an entry may leave empty for now: a baseline lists failures before anyone files them upstream."""
 ANY_SCENARIO = "*"
 """The scenario of an entry that holds for every scenario of its rule."""
+SCHEDULES = tuple(s.value for s in LoadSchedule)
+"""What an entry's optional ``schedule`` may say."""
 FUZZ_SCENARIO = "fuzz"
 """The scenario the fuzz test's failures are reported and listed under."""
+
+
+def file_name(backend: str) -> str:
+    """The file a backend's known failures are kept in: ``ext:xnnpack`` in ``ext-xnnpack.toml``, as no file
+    name holds ``:`` on every system (the file's own ``backend`` says which backend it is about)."""
+    return f"{backend.replace(':', '-')}.toml"
 
 
 class ExpectationsError(ValueError):
@@ -56,9 +67,18 @@ class Expectation:
     reason: str
     link: str
     source: Path
+    schedule: str | None = None
+    """The load schedule (LoadSchedule value) the failure shows under; None: every schedule."""
 
-    def matches(self, backend: str, rules: list[str], scenario: str | None) -> bool:
-        return self.backend == backend and self.rule in rules and self.scenario in (ANY_SCENARIO, scenario)
+    def matches(
+        self, backend: str, rules: list[str], scenario: str | None, schedule: str | None = None
+    ) -> bool:
+        return (
+            self.backend == backend
+            and self.rule in rules
+            and self.scenario in (ANY_SCENARIO, scenario)
+            and self.schedule in (None, schedule)
+        )
 
     def describe(self) -> str:
         return (
@@ -94,14 +114,15 @@ class ExpectationFile:
         if unlinked:
             lines.append(
                 f"ptn expectations: {len(unlinked)} of {self.path.name} without a link (first: "
-                f"{unlinked[0].rule} {unlinked[0].scenario}): add the upstream issue each one waits on"
+                f"{unlinked[0].rule} {unlinked[0].scenario}): add the issue that tracks each one (yours or "
+                "upstream)"
             )
         return lines
 
 
 def read(path: Path, user_scenarios: Collection[str] = ()) -> ExpectationFile:
-    """Read and check one file; a scenario must be the catalogue's or one of ``user_scenarios`` (the host's
-    own programs, see pytest_ptn.hookspecs)."""
+    """Read and check one file; a scenario must be the catalogue's, the zoo's or one of ``user_scenarios``
+    (the host's own programs, see pytest_ptn.hookspecs)."""
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as e:
@@ -139,10 +160,17 @@ def read(path: Path, user_scenarios: Collection[str] = ()) -> ExpectationFile:
             raise ExpectationsError(f"{where}: {'; '.join(not_text)}")
         if raw["rule"] not in RULES:
             raise ExpectationsError(f"{where}: unknown rule {raw['rule']!r}")
-        known = (ANY_SCENARIO, FUZZ_SCENARIO, *BY_NAME, *user_scenarios)
+        known = (ANY_SCENARIO, FUZZ_SCENARIO, *BY_NAME, *zoo.BY_NAME, *user_scenarios)
         if raw["scenario"] not in known:
             raise ExpectationsError(f"{where}: unknown scenario {raw['scenario']!r}")
-        entries.append(Expectation(backend, raw["rule"], raw["scenario"], raw["reason"], raw["link"], path))
+        schedule = raw.get("schedule")
+        if schedule is not None and schedule not in SCHEDULES:
+            raise ExpectationsError(
+                f"{where}: schedule must be one of {', '.join(SCHEDULES)}, not {schedule!r}"
+            )
+        entries.append(
+            Expectation(backend, raw["rule"], raw["scenario"], raw["reason"], raw["link"], path, schedule)
+        )
     return ExpectationFile(path, backend, requires, tuple(entries))
 
 

@@ -25,8 +25,15 @@ from packaging.version import InvalidVersion, Version
 
 from pytest_ptn import DISTRIBUTION
 from pytest_ptn.backend import Backend, availability_of, resolve_backend
-from pytest_ptn.expectations import ANY_SCENARIO, Expectation, ExpectationFile, ExpectationsError, read
-from pytest_ptn.reporting import results
+from pytest_ptn.expectations import (
+    ANY_SCENARIO,
+    Expectation,
+    ExpectationFile,
+    ExpectationsError,
+    file_name,
+    read,
+)
+from pytest_ptn.reporting import reasons, results
 from pytest_ptn.reporting.collect import NO_BACKEND
 from pytest_ptn.ruleset import RULES
 
@@ -37,7 +44,7 @@ only entry that matches them."""
 FAILING = (results.FAIL, results.XFAIL)
 PASSING = (results.PASS, results.XPASS)
 
-LINK_TO_FILL = "to fill in: the upstream issue or PR this failure waits on"
+LINK_TO_FILL = "to fill in: the issue or PR that tracks this failure, in your tracker or upstream"
 """The comment a new entry's empty ``link`` carries in the file."""
 
 
@@ -70,11 +77,8 @@ class Update:
 
 
 def reason_of(failure: str) -> str:
-    """The failure's first line that says something: not an ``assert`` expression pytest re-renders below a
-    test's own message, and without the ``AssertionError:`` every such message starts with."""
-    lines = [line for line in failure.splitlines() if line.strip()]
-    said = [line for line in lines if not line.lstrip().startswith("assert ")] or lines
-    return results.one_line(said[0]).removeprefix("AssertionError: ") if said else "fails"
+    """A new entry's reason: the failure's first finding, not the header it opens with."""
+    return reasons.headline(failure)
 
 
 def outcomes_by_cell(rows: Iterable[results.Result]) -> dict[Cell, list[results.Result]]:
@@ -97,6 +101,9 @@ def plan(
     cells = outcomes_by_cell(rows)
     failing = {c for c, rs in cells.items() if any(r.outcome in FAILING for r in rs)}
     passing = {c for c, rs in cells.items() if any(r.outcome in PASSING for r in rs)}
+    # A cell whose tests fail under one load schedule and pass under the other: its entry names the schedule.
+    one_schedule = {c: s for c in failing & passing if (s := _failing_schedule(cells[c])) is not None}
+    passing = passing - set(one_schedule)
     update = Update(path, backend)
     update.notes += [
         f"{rule} {scenario}: some tests fail and some pass; one entry cannot tell them apart, so the passing "
@@ -105,8 +112,17 @@ def plan(
     ]
     final: list[Planned] = []
     for index, entry in enumerate(entries):
-        if entry.scenario != ANY_SCENARIO:
-            passes = (entry.rule, entry.scenario) in passing - failing
+        cell = (entry.rule, entry.scenario)
+        if cell in one_schedule and entry.schedule is None:  # narrowed to the schedule it fails under
+            update.stale.append(entry)
+            scheduled = dataclasses.replace(entry, schedule=one_schedule[cell])
+            update.kept.append(scheduled)
+            final.append((scheduled, None))
+            continue
+        if cell in one_schedule:
+            passes = entry.schedule != one_schedule[cell]
+        elif entry.scenario != ANY_SCENARIO:
+            passes = cell in passing - failing
         else:
             passes = any(rule == entry.rule for rule, _ in passing - failing)
         if not passes:
@@ -120,12 +136,23 @@ def plan(
             update.kept += narrowed
             final += [(e, None) for e in narrowed]
     for cell in sorted(failing, key=_cell_order):
-        if not any(e.matches(backend, [cell[0]], cell[1]) for e, _ in final):
+        schedule = one_schedule.get(cell)
+        if not any(e.matches(backend, [cell[0]], cell[1], schedule) for e, _ in final):
             first = next(r for r in cells[cell] if r.outcome in FAILING)
-            new = Expectation(backend, cell[0], cell[1], reason_of(first.reason), "", path)
+            reason = reason_of(first.reason)
+            new = Expectation(backend, cell[0], cell[1], reason, "", path, schedule)
             update.added.append(new)
             final.append((new, None))
     return update, final
+
+
+def _failing_schedule(rows: list[results.Result]) -> str | None:
+    """The one load schedule under which a cell's tests fail while they pass under every other, or None."""
+    failing = {r.schedule for r in rows if r.outcome in FAILING}
+    passing = {r.schedule for r in rows if r.outcome in PASSING}
+    if len(failing) == 1 and None not in failing and not failing & passing:
+        return next(iter(failing))
+    return None
 
 
 def _cell_order(cell: Cell) -> tuple[tuple[int, str], str]:
@@ -162,6 +189,8 @@ def _table(entry: Expectation) -> Any:
     table.add("rule", entry.rule)
     table.add("scenario", entry.scenario)
     table.add("reason", entry.reason)
+    if entry.schedule is not None:
+        table.add("schedule", entry.schedule)
     link = tomlkit.string(entry.link)
     if not entry.link:
         link.comment(LINK_TO_FILL)
@@ -222,7 +251,7 @@ def new_head(backend: str, requires: dict[str, str], provenance: dict[str, str])
         f"Known failures of `{backend}`, measured with {DISTRIBUTION} {provenance.get('pytest_ptn', '?')} "
         f"({measured})",
         "and written by `python -m pytest_ptn expectations update`. Each entry is a strict xfail: one that",
-        "starts passing fails the run as stale. Fill in each empty `link` with the upstream issue.",
+        "starts passing fails the run as stale. Fill in each empty `link` with the issue that tracks it.",
     ):
         doc.add(tomlkit.comment(line))
     doc.add("backend", backend)
@@ -264,7 +293,7 @@ def update(doc: results.Results, path: Path | None, where: Path) -> list[Update]
     updates = []
     for name in names:
         specs = [s for s, c in classes.items() if c.name == name]
-        target = path if path is not None else where / f"{name}.toml"
+        target = path if path is not None else where / file_name(name)
         existing = old if old is not None else read(target, ran) if target.exists() else None
         rows = [r for r in doc.results if r.backend in specs]
         update, final = plan(target, name, existing.entries if existing else (), rows)

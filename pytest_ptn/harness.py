@@ -12,6 +12,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from pytest_ptn.schedule import LoadSchedule
 from pytest_ptn.session import LoweringCache
 
 if TYPE_CHECKING:
@@ -157,24 +158,39 @@ class Case:
     def _owners(self, method: str, inputs: tuple[torch.Tensor, ...]) -> dict[str, list[tuple[str, float]]]:
         """For each name ``method`` reads: what the value would be with another method's tensor of that name
         (so a failure can say whose weights a method read); known for catalogue programs only."""
+        import torch
+
         from pytest_ptn.programs.build import make_tensor, weighted_sum
 
         if self.catalogue_spec is None:
             return {}
+        dtype = getattr(torch, self.catalogue_spec.dtype)
         xs = float(inputs[0].sum())
         out: dict[str, list[tuple[str, float]]] = {}
         for other in self.catalogue_spec.methods:
             for c in other.constants:
                 if other.name != method and c.family not in ("literal", "scalar"):
-                    out.setdefault(c.name, []).append((other.name, float(weighted_sum(make_tensor(c))) + xs))
+                    value = float(weighted_sum(make_tensor(c), dtype)) + xs
+                    out.setdefault(c.name, []).append((other.name, value))
         return out
 
-    def run_sequence(self, loaded: Loaded, calls: list[EagerCall] | None = None) -> list[Mismatch]:
-        """Run the call sequence on ``loaded``; every way it differs from eager."""
-        import torch
+    def run_sequence(
+        self,
+        loaded: Loaded,
+        calls: list[EagerCall] | None = None,
+        schedule: LoadSchedule = LoadSchedule.AT_FIRST_CALL,
+    ) -> list[Mismatch]:
+        """Run the call sequence on ``loaded``, methods loaded as ``schedule`` says; every way it differs from
+        eager (pytest_ptn.comparison decides what is equal)."""
+        from pytest_ptn.comparison import close, equal
 
         mismatches = []
-        for i, call in enumerate(calls if calls is not None else self.eager()):
+        calls = calls if calls is not None else self.eager()
+        loads = schedule.loads(self.program.method_names, [c.method for c in calls])
+        for i, (call, to_load) in enumerate(zip(calls, loads, strict=True)):
+            for method in to_load:
+                self._enter(f"loading {method}()")
+                loaded.load_method(method)
             given = [t.clone() for t in call.inputs]
             self._enter(f"running {call.method}()")
             got = loaded.run(call.method, given)
@@ -184,14 +200,14 @@ class Case:
                 )
                 continue
             names = self.read_names(call.method)
-            for want, have in zip(call.outputs, got, strict=True):
-                if have.shape != want.shape or not torch.allclose(
-                    have.to(want.dtype), want, rtol=1e-5, atol=1e-5
-                ):
-                    detail = _describe(names, want, have, self._owners(call.method, call.inputs))
+            for want, have, wide in zip(call.outputs, got, call.output_bounds(), strict=True):
+                if not equal(have, want, wide):
+                    ok = close(have, want, wide) if have.shape == want.shape else None
+                    detail = _describe(names, want, have, ok, self._owners(call.method, call.inputs))
                     mismatches.append(Mismatch(i, call.method, detail))
-            for j, (want, have) in enumerate(zip(call.inputs_after, given, strict=True)):
-                if not torch.allclose(have, want, rtol=1e-5, atol=1e-5):
+            wide_after = call.wide.inputs_after if call.wide is not None else (None,) * len(given)
+            for j, (want, have, wide) in enumerate(zip(call.inputs_after, given, wide_after, strict=True)):
+                if not equal(have, want, wide):
                     mismatches.append(
                         Mismatch(
                             i, call.method, f"input {j} after the call is {_fmt(have)}, eager {_fmt(want)}"
@@ -201,15 +217,25 @@ class Case:
 
 
 def _describe(
-    names: list[str], want: torch.Tensor, have: torch.Tensor, owners: dict[str, list[tuple[str, float]]]
+    names: list[str],
+    want: torch.Tensor,
+    have: torch.Tensor,
+    ok: torch.Tensor | None,
+    owners: dict[str, list[tuple[str, float]]],
 ) -> str:
-    if have.shape != want.shape:
+    """What differs, value by value where each value reads one name; ``ok`` the elementwise comparison (None
+    when the shapes differ)."""
+    if ok is None:
         return f"output shape {tuple(have.shape)}, eager {tuple(want.shape)}"
+    from pytest_ptn.comparison import allowed
+
     parts = []
+    bound = allowed(want).reshape(-1)
     for k, name in enumerate(names[: want.numel()]):
-        w, h = float(want.reshape(-1)[k]), float(have.reshape(-1)[k])
-        if abs(w - h) > 1e-5 * max(1.0, abs(w)):
-            whose = [m for m, v in owners.get(name, []) if abs(v - h) <= 1e-4 * max(1.0, abs(v))]
+        if not bool(ok.reshape(-1)[k]):
+            w, h = float(want.reshape(-1)[k]), float(have.reshape(-1)[k])
+            slack = float(bound[k])  # the rounding a correct computation of the same value may show
+            whose = [m for m, v in owners.get(name, []) if abs(v - h) <= max(slack, 1e-4 * max(1.0, abs(v)))]
             seen = f": it read method {whose[0]!r}'s {name!r}" if whose else ""
             parts.append(f"value {k} (reads {name!r}) is {h:.6g}, eager {w:.6g}{seen}")
     return "; ".join(parts) or f"output {_fmt(have)}, eager {_fmt(want)}"
@@ -228,12 +254,27 @@ def fail_on(mismatches: list[Mismatch], what: str) -> None:
         pytest.fail(f"{what}:\n  {lines}{more}", pytrace=False)
 
 
+def fail_with(findings: list[str]) -> None:
+    """Fail the calling test with its findings, one a line, printed once: an ``assert not findings, ...``
+    would print them twice (the message, then pytest's rendering of the list)."""
+    if findings:
+        import pytest
+
+        pytest.fail("\n".join(findings), pytrace=False)
+
+
 def check_spec(backend: Backend, spec: ProgramSpec, workdir: Path) -> list[Mismatch]:
-    """Lower, load and run one program spec on ``backend``: every way it differs from eager (E1).
+    """Lower, load and run one program spec on ``backend`` under every load schedule: every way it differs
+    from eager (E1), each mismatch naming the schedule it showed under.
 
     A lowering error fails the calling test with the upstream message: a valid spec must lower (E2).
     """
     from pytest_ptn.spec import Scenario
 
     case = Case(backend, Scenario("spec", "", spec), lambda name: workdir)
-    return case.run_sequence(case.load())
+    sequence = [c.method for c in case.eager()]
+    return [
+        Mismatch(m.call, m.method, f"{m.detail} ({schedule.describe(sequence)})")
+        for schedule in LoadSchedule
+        for m in case.run_sequence(case.load(), schedule=schedule)
+    ]

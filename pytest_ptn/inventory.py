@@ -1,14 +1,24 @@
 """What this installation offers (backends, scenarios, rules) for ``python -m pytest_ptn list``.
 
-Nothing here imports torch or executorch: a backend is asked only for its ``availability()``, which must not.
+An installed backend is asked only for its ``availability()``, which imports neither torch nor executorch;
+the ``ext:`` flows are ExecuTorch's own registry, which only importing executorch's test suite can list.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pytest_ptn.backend import BackendError, Capability, availability_of, installed_backends, resolve_backend
-from pytest_ptn.programs import catalogue
+from pytest_ptn.backend import (
+    Availability,
+    Backend,
+    BackendError,
+    Capability,
+    availability_of,
+    installed_backends,
+    resolve_backend,
+)
+from pytest_ptn.backends import ext
+from pytest_ptn.programs import catalogue, zoo
 from pytest_ptn.ruleset import RULE_CONDITIONS, RULE_NEEDS, RULES, rules_shown
 
 CONDITIONAL_MARK = "?"
@@ -53,21 +63,31 @@ def backends() -> list[BackendInfo]:
         except BackendError as e:
             infos.append(BackendInfo(name, False, f"cannot load the backend: {e}", {}, [], {}))
             continue
-        infos.append(
-            BackendInfo(
-                name,
-                availability.available,
-                availability.reason,
-                dict(availability.versions),
-                _capability_names(cls.capabilities),
-                rules_shown(cls),
-            )
-        )
+        infos.append(_info(name, cls, availability))
     return infos
 
 
+def ext_flows() -> list[BackendInfo]:
+    """Every flow of ExecuTorch's backend test suite as ``ext:<flow>``, with availability, and each group of
+    flows the registry left out (``ext:qnn*``) with why."""
+    infos = []
+    for name, cls, why_not in ext.listing():
+        if cls is None:
+            infos.append(BackendInfo(name, False, why_not, {}, [], {}))
+            continue
+        infos.append(_info(name, cls, availability_of(name, cls)))
+    return infos
+
+
+def all_backends() -> list[BackendInfo]:
+    """The installed backends, then the ext: flows."""
+    return backends() + ext_flows()
+
+
 def scenarios() -> list[ScenarioInfo]:
-    return [ScenarioInfo(s.name, sorted(s.tags), s.doc) for s in catalogue.SCENARIOS]
+    """The catalogue's scenarios, then the zoo's (listed without building them)."""
+    listed = [ScenarioInfo(s.name, sorted(s.tags), s.doc) for s in catalogue.SCENARIOS]
+    return listed + [ScenarioInfo(m.name, sorted(m.tags), m.doc) for m in zoo.MODELS]
 
 
 def rules() -> list[RuleInfo]:
@@ -117,6 +137,17 @@ def render_scenarios(infos: list[ScenarioInfo]) -> list[str]:
 def render_rules(infos: list[RuleInfo]) -> list[str]:
     rows = [[r.id, r.level, r.title, ", ".join(r.needs) or "-", r.condition] for r in infos]
     return _table(["rule", "level", "title", "needs", "note"], rows)
+
+
+def _info(name: str, cls: type[Backend], availability: Availability) -> BackendInfo:
+    return BackendInfo(
+        name,
+        availability.available,
+        availability.reason,
+        dict(availability.versions),
+        _capability_names(cls.capabilities),
+        rules_shown(cls),
+    )
 
 
 def _capability_names(capabilities: frozenset[Capability]) -> list[str]:

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from _pytest.reports import TestReport
 
-from pytest_ptn import expectations, hookspecs, upstream_noise
+from pytest_ptn import expectations, hookspecs, stopping, upstream_noise
 from pytest_ptn.backend import Backend, BackendError, availability_of, resolve_backend
-from pytest_ptn.programs import catalogue
+from pytest_ptn.programs import catalogue, zoo
 from pytest_ptn.reporting import collect, repro
 from pytest_ptn.ruleset import (
     RULE_NEEDS,
@@ -30,6 +30,7 @@ from pytest_ptn.ruleset import (
     not_applicable,
     should_not_met,
 )
+from pytest_ptn.schedule import LoadSchedule
 from pytest_ptn.scheduling import gpus, shards, workers
 from pytest_ptn.session import RUN_STATE, RunState
 from pytest_ptn.spec import Scenario
@@ -72,6 +73,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "failure not shrunk) or ptn-nightly (many examples, random, example database in .hypothesis/ptn, a "
         "failure shrunk to a small program)",
     )
+    group.addoption(
+        "--ptn-zoo",
+        action="store_true",
+        help="also run the zoo: upstream's own models (executorch.examples.models: a llama with a KV cache, "
+        "the Voxtral Realtime encoder-decoder), tiny, in float32 and bf16; it costs about as much again as "
+        "the rest of the suite, so it is opt-in (the nightly job runs it); -m zoo runs only the zoo",
+    )
     group.addoption("--ptn-seed", type=int, help="seed of the nightly fuzz profile (printed in the header)")
     group.addoption(
         upstream_noise.SHOW_OPTION,
@@ -96,6 +104,9 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "ptn_scenarios(tag): run this conformance test on every scenario with this tag (catalogue and own)",
     )
+    config.addinivalue_line(
+        "markers", f"{zoo.ZOO_TAG}: a test on a zoo scenario, upstream's own models (pytest_ptn.programs.zoo)"
+    )
     cli = config.getoption("ptn_backends") or []
     ini = config.getini("ptn_backends")
     requested = list(dict.fromkeys(cli or ini or [DEFAULT_BACKEND]))
@@ -103,13 +114,14 @@ def pytest_configure(config: pytest.Config) -> None:
     seed = config.getoption("ptn_seed")
     if seed is None:  # one seed for the run: xdist workers get the controller's (pytest_configure_node)
         seed = workerinput["ptn_seed"] if workerinput else random.randrange(2**32)
-    state = RunState(requested, explicit=bool(cli or ini), seed=seed)
+    state = RunState(requested, explicit=bool(cli or ini), seed=seed, run_zoo=config.getoption("ptn_zoo"))
     config.stash[RUN_STATE] = state
     if config.getoption("help", False):
         return
     if workerinput and "ptn_sys_path" in workerinput:  # backends the controller could import, workers can
         sys.path[:0] = [p for p in workerinput["ptn_sys_path"] if p not in sys.path]
     collect.configure(config)
+    stopping.configure(config, state.explicit)
     repro.configure(config)
     shards.configure(config)
     gpus.configure(config)
@@ -155,7 +167,7 @@ def user_programs(config: pytest.Config) -> dict[str, NamedProgram]:
     from pytest_ptn.programs.user import NamedProgramError, by_name
 
     try:
-        return by_name(answers, {*catalogue.BY_NAME, expectations.FUZZ_SCENARIO})
+        return by_name(answers, {*catalogue.BY_NAME, *zoo.BY_NAME, expectations.FUZZ_SCENARIO})
     except NamedProgramError as e:
         raise pytest.UsageError(f"pytest_ptn_programs: {e}") from e
 
@@ -199,6 +211,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         a = state.availability[spec]
         versions = ", ".join(f"{k} {v}" for k, v in a.versions.items())
         status = f"available ({versions})" if a.available else f"UNAVAILABLE: {a.reason}"
+        if a.available and a.reason:
+            status += f"; {a.reason}"
         lines.append(f"ptn backend {spec}: {status}")
         cls = state.classes[spec]
         for f in state.expectation_files:
@@ -207,7 +221,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     return lines
 
 
-def _scenarios(metafunc: pytest.Metafunc) -> list[Scenario | UserScenario]:
+def _scenarios(metafunc: pytest.Metafunc) -> list[Scenario | UserScenario | zoo.ZooModel]:
     marker = metafunc.definition.get_closest_marker("ptn_scenarios")
     return metafunc.config.stash[RUN_STATE].scenarios(*(marker.args if marker else ()))
 
@@ -219,6 +233,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "ptn_scenario" in metafunc.fixturenames:
         names = [s.name for s in _scenarios(metafunc)]
         metafunc.parametrize("ptn_scenario", names, indirect=True)
+    if "ptn_schedule" in metafunc.fixturenames:
+        metafunc.parametrize("ptn_schedule", [s.value for s in LoadSchedule], indirect=True)
 
 
 def rules_of(item: pytest.Item) -> list[str]:
@@ -250,8 +266,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.user_properties.append(("ptn_repro", repro))
         if scenario is not None:
             item.user_properties.append(("ptn_scenario", scenario))
+        schedule = _callspec_param(item, "ptn_schedule")
+        if schedule is not None:
+            item.user_properties.append(("ptn_schedule", schedule))
+        if scenario in zoo.BY_NAME:
+            item.add_marker(zoo.ZOO_TAG)
         if backend is not None:
-            for e in config.stash[RUN_STATE].expected(backend, rules, scenario):
+            for e in config.stash[RUN_STATE].expected(backend, rules, scenario, schedule):
                 item.add_marker(pytest.mark.xfail(strict=True, reason=e.describe()))
 
 
@@ -263,8 +284,18 @@ def ptn_backend(request: pytest.FixtureRequest) -> Backend:
 
 @pytest.fixture
 def ptn_scenario(request: pytest.FixtureRequest) -> Scenario | UserScenario:
-    """A catalogue scenario, or one of the host's own programs (pytest_ptn_programs)."""
-    return request.config.stash[RUN_STATE].scenario(request.param)
+    """A catalogue scenario, a zoo model (skipped, naming the change, if upstream's code no longer builds
+    it), or one of the host's own programs (pytest_ptn_programs)."""
+    try:
+        return request.config.stash[RUN_STATE].scenario(request.param)
+    except zoo.ZooUnavailable as e:
+        pytest.skip(str(e))
+
+
+@pytest.fixture
+def ptn_schedule(request: pytest.FixtureRequest) -> LoadSchedule:
+    """When the case's methods load: all before the first call, or each at its first call (E rules)."""
+    return LoadSchedule(request.param)
 
 
 @pytest.fixture

@@ -9,14 +9,18 @@ import pytest
 
 from pytest_ptn import expectations
 from pytest_ptn.backend import Availability, Backend
-from pytest_ptn.programs import catalogue
+from pytest_ptn.programs import catalogue, zoo
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
 
     from pytest_ptn.backend import Lowered
     from pytest_ptn.programs.user import NamedProgram, UserScenario
-    from pytest_ptn.spec import Scenario
+    from pytest_ptn.spec import ProgramSpec, Scenario
+
+FAILING_PROGRAM: pytest.StashKey[ProgramSpec] = pytest.StashKey()
+"""On a test item that draws its own programs (the fuzz test): the program it failed on, for a repro
+bundle."""
 
 
 @dataclass
@@ -35,6 +39,8 @@ class RunState:
     requested: list[str]
     explicit: bool
     seed: int
+    run_zoo: bool = False
+    """Whether the zoo's scenarios (upstream's models, ``--ptn-zoo``) are in the run."""
     classes: dict[str, type[Backend]] = field(default_factory=dict)
     availability: dict[str, Availability] = field(default_factory=dict)
     instances: dict[str, Backend] = field(default_factory=dict)
@@ -43,6 +49,7 @@ class RunState:
     user_programs: dict[str, NamedProgram] = field(default_factory=dict)
     """The host's own programs (the pytest_ptn_programs hook), by name."""
     _user_scenarios: dict[str, UserScenario] | None = None
+    _zoo_scenarios: dict[str, UserScenario | zoo.ZooUnavailable] = field(default_factory=dict)
 
     def user_scenarios(self) -> dict[str, UserScenario]:
         """The user programs as scenarios, tagged on first use (that exports them: collection, not start-up);
@@ -53,26 +60,48 @@ class RunState:
                 self._user_scenarios[name], self.lowerings.inspected[name] = program.scenario()
         return self._user_scenarios
 
-    def scenario_names(self) -> list[str]:
-        """Every scenario a case can be of: the catalogue's, then the user programs' (nothing exported)."""
-        return [*(s.name for s in catalogue.SCENARIOS), *self.user_programs]
+    def zoo_scenario(self, name: str) -> UserScenario:
+        """A zoo model as a scenario, built on first use (its tags are known without building it);
+        zoo.ZooUnavailable, for every test that asks, if upstream's code no longer builds it."""
+        if name not in self._zoo_scenarios:
+            try:
+                self._zoo_scenarios[name], self.lowerings.inspected[name] = zoo.BY_NAME[name].scenario()
+            except zoo.ZooUnavailable as e:
+                self._zoo_scenarios[name] = e
+        found = self._zoo_scenarios[name]
+        if isinstance(found, zoo.ZooUnavailable):
+            raise found
+        return found
 
-    def scenarios(self, *tags: str) -> list[Scenario | UserScenario]:
-        """The catalogue's scenarios carrying every one of ``tags``, then the user programs that do."""
+    def scenario_names(self) -> list[str]:
+        """Every scenario a case can be of: the catalogue's, the zoo's if it runs, then the user programs'
+        (nothing exported)."""
+        zoo_names = list(zoo.BY_NAME) if self.run_zoo else []
+        return [*(s.name for s in catalogue.SCENARIOS), *zoo_names, *self.user_programs]
+
+    def scenarios(self, *tags: str) -> list[Scenario | UserScenario | zoo.ZooModel]:
+        """The catalogue's scenarios carrying every one of ``tags``, the zoo's if it runs, then the user
+        programs that do."""
         users = [u for u in self.user_scenarios().values() if set(tags) <= u.tags]
-        return [*catalogue.tagged(*tags), *users]
+        zoo_models = zoo.tagged(*tags) if self.run_zoo else []
+        return [*catalogue.tagged(*tags), *zoo_models, *users]
 
     def scenario(self, name: str) -> Scenario | UserScenario:
+        """A scenario by name; zoo.ZooUnavailable for a zoo model that no longer builds."""
+        if name in zoo.BY_NAME:
+            return self.zoo_scenario(name)
         return catalogue.BY_NAME.get(name) or self.user_scenarios()[name]
 
-    def expected(self, spec: str, rules: list[str], scenario: str | None) -> list[expectations.Expectation]:
+    def expected(
+        self, spec: str, rules: list[str], scenario: str | None, schedule: str | None = None
+    ) -> list[expectations.Expectation]:
         cls, versions = self.classes[spec], self.availability[spec].versions
         return [
             e
             for f in self.expectation_files
             if f.applies_to(cls.name, versions)
             for e in f.entries
-            if e.matches(cls.name, rules, scenario)
+            if e.matches(cls.name, rules, scenario, schedule)
         ]
 
     def backend(self, spec: str) -> Backend:

@@ -23,6 +23,8 @@ FAMILIES = ("parameter", "buffer", "attribute", "literal", "scalar", "int8_linea
 """
 
 WRITE_OPS = ("add", "copy", "index_copy")
+FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+"""What a program may compute in (ProgramSpec.dtype)."""
 
 
 @dataclass(frozen=True)
@@ -89,12 +91,19 @@ class Method:
 
 @dataclass(frozen=True)
 class ProgramSpec:
-    """Methods plus the constants they share (owned by the root, see ``SHARED``) and the calls to make."""
+    """Methods plus the constants they share (owned by the root, see ``SHARED``) and the calls to make.
+
+    ``dtype`` is what the program computes in: its inputs, and the arithmetic on every constant it reads (a
+    bf16 program rounds as a bf16 LLM does). ``shared_alias`` names a second attribute of every method's
+    module that holds the shared root too, so each shared tensor has two FQNs (``shared.w``, ``<alias>.w``),
+    as llama's ``rope`` hangs off the model and every layer."""
 
     methods: tuple[Method, ...]
     shared: tuple[Constant, ...] = ()
     calls: tuple[str, ...] = ()
     seed: int = 0
+    dtype: str = "float32"
+    shared_alias: str | None = None
 
     def __post_init__(self) -> None:
         names = [m.name for m in self.methods]
@@ -119,6 +128,12 @@ class ProgramSpec:
         for call in self.calls:
             if call not in names:
                 raise ValueError(f"call to unknown method {call!r}")
+        if self.dtype not in FLOAT_DTYPES:
+            raise ValueError(f"a program computes in one of {FLOAT_DTYPES}, not {self.dtype!r}")
+        if self.shared_alias is not None and (
+            not self.shared_alias.isidentifier() or self.shared_alias == SHARED
+        ):
+            raise ValueError(f"shared_alias {self.shared_alias!r}: an attribute name other than {SHARED!r}")
 
     @property
     def call_sequence(self) -> tuple[str, ...]:

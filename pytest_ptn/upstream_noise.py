@@ -16,12 +16,15 @@ from __future__ import annotations
 import functools
 import logging
 import sys
+import sysconfig
+import types
 import warnings
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
+from typing import TextIO
 
 SHOW_OPTION = "--ptn-upstream-logs"
 """The pytest option under which upstream warnings and logs go through to pytest as usual."""
@@ -42,8 +45,9 @@ class Tally:
     def __init__(self) -> None:
         self.counts: Counter[tuple[str, str]] = Counter()
 
-    def record(self, caught: Iterable[warnings.WarningMessage]) -> None:
-        self.counts.update((m.category.__name__, package_of(m.filename)) for m in caught)
+    def record(self, caught: Iterable[tuple[str, str]]) -> None:
+        """Count (category, package) pairs, as :func:`contained` notes them."""
+        self.counts.update(caught)
 
     def rows(self) -> list[TallyRow]:
         return [(category, package, n) for (category, package), n in self.counts.most_common()]
@@ -81,9 +85,22 @@ def contained(tally: Tally | None = None) -> Iterator[None]:
         yield
         return
     token = _DECIDED.set(True)
+    caught: list[tuple[str, str]] = []
+
+    def note(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:
+        caught.append((category.__name__, culprit(filename, sys._getframe(1))))
+
     try:
-        with warnings.catch_warnings(record=True) as caught:
+        with warnings.catch_warnings():
             warnings.simplefilter("always")
+            warnings.showwarning = note
             try:
                 yield
             finally:
@@ -135,6 +152,35 @@ def quiet_logs() -> Iterator[None]:
     finally:
         for handler in handlers:
             handler.removeFilter(not_upstream_chatter)
+
+
+def culprit(filename: str, frame: types.FrameType | None) -> str:
+    """The package a warning is told as coming from: that of the file it is attributed to, unless that file
+    is the standard library's (``copyreg`` re-creating an object whose class is deprecated), when it is the
+    package of the code that called ``warn`` (``frame`` and out: the first frame outside the standard
+    library), or of the class being created there when that is a ``__new__`` (a deprecation decorator's,
+    ``typing_extensions.deprecated``, warns on behalf of the class it wraps)."""
+    if not in_stdlib(filename):
+        return package_of(filename)
+    while frame is not None:
+        code = frame.f_code
+        if not in_stdlib(code.co_filename) and code.co_filename != __file__:
+            created = frame.f_locals.get("cls") if code.co_name == "__new__" else None
+            if isinstance(created, type):
+                return created.__module__.split(".")[0]
+            return package_of(code.co_filename)
+        frame = frame.f_back
+    return package_of(filename)
+
+
+@functools.cache
+def in_stdlib(filename: str) -> bool:
+    """A file of the standard library (not of a package installed beside it), or one without a file."""
+    if filename.startswith("<"):
+        return True
+    path = Path(filename)
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    return path.is_relative_to(stdlib) and "site-packages" not in path.parts
 
 
 @functools.cache

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
 import time
 import zipfile
 from collections.abc import Mapping
@@ -174,10 +175,10 @@ class _WithLoader(ReferenceBackend):
 class _KeyedByNameLoaded(ReferenceLoaded):
     """Binds constants program-wide by the key the method uses: the first method to load a key wins."""
 
-    def _bind(self, method: str, key: str, final: str) -> torch.Tensor:
+    def bind(self, method: str, key: str, final: str) -> torch.Tensor:
         by_key = self.__dict__.setdefault("_by_key", {})
         if key not in by_key:
-            by_key[key] = super()._bind(method, key, final)
+            by_key[key] = super().bind(method, key, final)
         return by_key[key]
 
 
@@ -324,9 +325,9 @@ _PROCESS_WIDE: dict[str, torch.Tensor] = {}
 
 
 class _ProcessWideLoaded(ReferenceLoaded):
-    def _bind(self, method: str, key: str, final: str) -> torch.Tensor:
+    def bind(self, method: str, key: str, final: str) -> torch.Tensor:
         if final not in _PROCESS_WIDE:
-            _PROCESS_WIDE[final] = super()._bind(method, key, final)
+            _PROCESS_WIDE[final] = super().bind(method, key, final)
         return _PROCESS_WIDE[final]
 
 
@@ -341,14 +342,14 @@ class ProcessWideByName(_WithLoader):
 class _OrderedLoaded(ReferenceLoaded):
     """Shares only with methods that loaded earlier and sort before the current one."""
 
-    def _bind(self, method: str, key: str, final: str) -> torch.Tensor:
+    def bind(self, method: str, key: str, final: str) -> torch.Tensor:
         local = self.__dict__.setdefault("_local", {})
-        host = self._package.tensor(final)
+        host = self.package_tensor(final)
         key = content.ContentKey.of(host)
         for (other, other_key), t in local.items():
             if other < method and other_key == key:
                 return t
-        return local.setdefault((method, key), self._allocate(host))
+        return local.setdefault((method, key), self.allocate(host))
 
 
 class OrderDependent(_WithLoader):
@@ -363,8 +364,8 @@ class _ReuploadLoaded(ReferenceLoaded):
     """Uploads every constant to compare it with the cache, then frees the copy on a hit (PR #21959's
     first attempt, which ran out of CUDA memory)."""
 
-    def _bind(self, method: str, key: str, final: str) -> torch.Tensor:
-        uploaded = self._allocate(self._package.tensor(final))
+    def bind(self, method: str, key: str, final: str) -> torch.Tensor:
+        uploaded = self.allocate(self.package_tensor(final))
         shared = self._cache.share(uploaded, lambda t: t)
         if shared is not uploaded:
             self._allocated -= uploaded.numel() * uploaded.element_size()
@@ -398,6 +399,27 @@ class ThreadUnsafe(_Loader):
 
     def make_cache(self):
         return _RacyCache()
+
+
+class _SometimesRacyCache(content.SharingCache):
+    """The race of _RacyCache, but only when the thread that misses first happens to be slow to insert."""
+
+    def share(self, host, materialize=torch.clone):
+        key = content.ContentKey.of(host)
+        cached = self._tensors.get(key)
+        if cached is None:
+            time.sleep(random.choice((0.0, 0.02)))
+            cached = self._tensors[key] = materialize(host)
+        return cached
+
+
+class SometimesThreadUnsafe(_Loader):
+    """S7 by chance: one concurrent load of a case may race or not (not in BROKEN: a baseline test's)."""
+
+    name = "broken-s7-sometimes"
+
+    def make_cache(self):
+        return _SometimesRacyCache()
 
 
 class VagueErrors(ReferenceBackend):
@@ -487,3 +509,41 @@ class InPlaceSave(ReferenceBackend):
 
 BROKEN["X2"] = TrustingReader
 BROKEN["P10"] = InPlaceSave
+
+
+class _ReinitOnLoadLoaded(ReferenceLoaded):
+    """Every method load copies the initial values into the shared state again (executorch 1.5.1
+    ``load_method`` with ``share_mutable_buffers``): harmless when every method loads before the first
+    call."""
+
+    def load_method(self, method: str) -> None:
+        if method not in self._bound:
+            for key, initial in self._initial_state().items():
+                self._state[key].copy_(initial)
+        super().load_method(method)
+
+
+class ReinitOnLateLoad(_WithLoader):
+    """E1/E3 under the at-first-call schedule only: a method loaded after another ran resets shared state."""
+
+    name = "broken-late-load"
+
+    loaded = _ReinitOnLoadLoaded
+
+
+class _UsedNamesOnlyLoaded(ReferenceLoaded):
+    """Allocates only the first FQN of an aliased tensor (AOTInductor never allocates the unused names): the
+    storage of a second name is an identity of its own."""
+
+    def storage(self, method: str, key: str) -> int:
+        if key.startswith("rope."):
+            return id(self) + hash(key)
+        return super().storage(method, key)
+
+
+class UsedNamesOnly(_WithLoader):
+    """Correct, but shows no storage for a tensor's second FQN: no S1 may be reported for it."""
+
+    name = "used-names-only"
+
+    loaded = _UsedNamesOnlyLoaded

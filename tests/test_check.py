@@ -206,11 +206,13 @@ def test_unknown_backend_is_an_error() -> None:
         check_program(PrefillDecode(), METHODS, backend="no-such-backend")
 
 
-def test_the_readme_example_runs() -> None:
-    section = README.read_text().split("## Your own program", 1)[1]
-    example = re.search(r"```python\n(.*?)```", section, re.S)
-    assert example is not None, "README has no check_program example"
-    exec(compile(example.group(1), "README.md", "exec"), {})
+def test_the_readme_examples_run() -> None:
+    """The float32 example and the bf16 one."""
+    section = README.read_text().split("## Your own program", 1)[1].split("### ", 1)[0]
+    examples = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(examples) == 2, "README's check_program section has not its two examples"
+    for example in examples:
+        exec(compile(example, "README.md", "exec"), {})
 
 
 def test_a_finding_reads_as_one_line() -> None:

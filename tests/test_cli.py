@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import json
 import subprocess
 import sys
@@ -14,9 +15,18 @@ import pytest
 import pytest_ptn
 from pytest_ptn import backend, inventory
 from pytest_ptn.__main__ import main
-from pytest_ptn.backend import Availability, Backend, Capability, Loaded, Lowered, installed_backends
+from pytest_ptn.backend import (
+    EXT_PREFIX,
+    Availability,
+    Backend,
+    Capability,
+    Loaded,
+    Lowered,
+    installed_backends,
+)
 from pytest_ptn.backends.pte import PteBackend
 from pytest_ptn.backends.reference import ReferenceBackend
+from pytest_ptn.programs import zoo
 from pytest_ptn.programs.catalogue import SCENARIOS
 from pytest_ptn.ruleset import RULES, rules_shown
 
@@ -64,7 +74,7 @@ def test_list_backends_text(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_list_backends_json(capsys: pytest.CaptureFixture[str]) -> None:
     by_name = {b["name"]: b for b in json.loads(listed(capsys, "backends", "--json"))}
-    assert set(by_name) == set(installed_backends())
+    assert {name for name in by_name if not name.startswith(EXT_PREFIX)} == set(installed_backends())
     reference = by_name["reference"]
     assert reference["available"] is True
     assert reference["capabilities"] == [c.value for c in Capability]
@@ -111,7 +121,9 @@ def test_unavailable_and_broken_backends_are_listed_with_why(
 def test_list_scenarios(capsys: pytest.CaptureFixture[str]) -> None:
     lines = listed(capsys, "scenarios").splitlines()
     assert lines[0].split() == ["scenario", "tags", "description"]
-    assert [line.split()[0] for line in lines[1:]] == [s.name for s in SCENARIOS]
+    assert [line.split()[0] for line in lines[1:]] == [s.name for s in SCENARIOS] + [
+        m.name for m in zoo.MODELS
+    ]
     by_name = {s["name"]: s for s in json.loads(listed(capsys, "scenarios", "--json"))}
     assert by_name["method_named_state"]["tags"] == ["P6", "reject"]
     assert by_name["kv_cache"]["description"].startswith("A shared KV cache")
@@ -129,20 +141,42 @@ def test_list_rules(capsys: pytest.CaptureFixture[str]) -> None:
     assert by_id["S1"]["needs"] == ["execute", "storage"]
 
 
-def test_listing_imports_neither_torch_nor_executorch() -> None:
+def test_listing_imports_neither_torch_nor_executorch_but_for_the_ext_flows() -> None:
+    """Only executorch's registry can list its flows; the installed backends, scenarios and rules are free."""
     script = (
         "import sys\n"
         "import pytest_ptn\n"
+        "from pytest_ptn import inventory\n"
         "from pytest_ptn.__main__ import main\n"
         "pytest_ptn.__version__\n"
-        "for what in ('backends', 'scenarios', 'rules'):\n"
+        "for what in ('scenarios', 'rules'):\n"
         "    main(['list', what])\n"
+        "print(inventory.render_backends(inventory.backends()))\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'executorch'))\n"
         "print('HEAVY', heavy)\n"
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert "reference" in result.stdout
     assert result.stdout.splitlines()[-1] == "HEAVY []"
+
+
+def test_list_backends_shows_every_ext_flow_and_why_it_cannot_run_here(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    pytest.importorskip("executorch")
+    by_name = {b["name"]: b for b in json.loads(listed(capsys, "backends", "--json"))}
+    ext_rows = {name: b for name, b in by_name.items() if name.startswith(EXT_PREFIX)}
+    assert {"ext:portable", "ext:xnnpack", "ext:xnnpack_dynamic_int8_per_channel"} <= set(ext_rows)
+    assert ext_rows["ext:portable"]["available"] is True
+    assert ext_rows["ext:portable"]["rules"] == by_name["pte"]["rules"]
+    quantized = ext_rows["ext:xnnpack_dynamic_int8_per_channel"]
+    assert not quantized["available"] and "quantized recipes are not run yet" in quantized["reason"]
+    coreml = ext_rows.get("ext:coreml")
+    if coreml is not None:  # registered where coremltools imports: it lowers, the pip runtime cannot load it
+        assert not coreml["available"]
+        assert "lowers, but this runtime has no CoreMLBackend" in coreml["reason"]
+    if importlib.util.find_spec("tosa_serializer") is None:
+        assert "No module named 'tosa_serializer'" in ext_rows["ext:arm*"]["reason"]
 
 
 def readme_backend_rules() -> dict[str, str]:

@@ -7,13 +7,14 @@ check the planning and the file text on hand-made results.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from pytest_ptn import expectations, expectations_update
 from pytest_ptn.__main__ import main
-from pytest_ptn.reporting import results
+from pytest_ptn.reporting import reasons, results
 
 TESTS = Path(__file__).resolve().parent
 QUIET = ("-p", "no:cacheprovider")
@@ -136,6 +137,27 @@ def test_an_any_scenario_entry_is_narrowed_to_what_still_fails() -> None:
     assert planned([entry("X1", "*")], [r for r in rows if r.scenario != "b"]) == [("X1", "*", LINK)]
 
 
+def test_a_failure_under_one_load_schedule_gets_an_entry_for_that_schedule() -> None:
+    def at(schedule: str, outcome: str) -> results.Result:
+        r = row("E1", "a", outcome, "late load resets the cache", test=f"t-{schedule}")
+        return dataclasses.replace(r, schedule=schedule)
+
+    rows = [at("up_front", results.PASS), at("at_first_call", results.FAIL)]
+    update, final = expectations_update.plan(Path("x.toml"), "reference", [], rows)
+    assert [(e.rule, e.scenario, e.schedule) for e, _ in final] == [("E1", "a", "at_first_call")]
+    assert not update.notes
+    assert 'schedule = "at_first_call"' in expectations_update.render("", final)
+    # an entry for every schedule is narrowed to the one that still fails, reason and link kept
+    rows = [at("up_front", results.XPASS), at("at_first_call", results.XFAIL)]
+    _, final = expectations_update.plan(Path("x.toml"), "reference", [entry("E1", "a")], rows)
+    assert [(e.schedule, e.link) for e, _ in final] == [("at_first_call", LINK)]
+    # a scheduled entry stays when the other schedule starts failing too, which gets an entry of its own
+    rows = [at("up_front", results.FAIL), at("at_first_call", results.XFAIL)]
+    scheduled = dataclasses.replace(entry("E1", "a"), schedule="at_first_call")
+    _, final = expectations_update.plan(Path("x.toml"), "reference", [scheduled], rows)
+    assert [e.schedule for e, _ in final] == ["at_first_call", None]
+
+
 def test_a_cell_with_failing_and_passing_tests_is_kept_and_noted() -> None:
     rows = [row("X2", "a", results.XFAIL, test="t1"), row("X2", "a", results.XPASS, test="t2")]
     update, final = expectations_update.plan(Path("x.toml"), "reference", [entry("X2", "a")], rows)
@@ -149,10 +171,14 @@ def test_a_cell_with_failing_and_passing_tests_is_kept_and_noted() -> None:
         ("AssertionError: ValueError: 'x' does not name ['state']\nassert not ['state']", "ValueError: 'x'"),
         ("assert 1 == 2\n\nE1: decode differs from eager", "E1: decode differs from eager"),
         ("setup: RuntimeError: lowering failed", "setup: RuntimeError: lowering failed"),
+        (
+            "Failed: outputs differ from eager:\n  call #1 decode(): value 0 (reads 'w') is 2, eager 1\n  #3",
+            "outputs differ from eager: call #1 decode(): value 0 (reads 'w') is 2, eager 1",
+        ),
     ],
 )
 def test_the_reason_is_the_first_line_that_says_something(failure: str, reason: str) -> None:
-    assert expectations_update.reason_of(failure).startswith(reason)
+    assert reasons.headline(failure).startswith(reason)
 
 
 OLD = f"""# measured by hand

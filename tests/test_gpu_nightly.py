@@ -72,3 +72,59 @@ def test_the_cpu_run_selects_both_aoti_backends_from_the_checkout(tmp_path: Path
     assert any("[aoti-colliding_literals]" in c for c in collected)
     assert any("[aoti-upstream-shared_weight]" in c for c in collected)
     assert f"AOTI cache {out / 'cache'}" in run.stderr
+
+
+MERGE = ROOT / "conformance" / "gpu" / "merge.sh"
+
+
+def merge_shards(tmp_path: Path, *dirs: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHON": sys.executable}
+    return subprocess.run(
+        ["bash", str(MERGE), str(tmp_path / "merged"), *map(str, dirs)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_the_merge_job_renders_a_killed_shard_and_names_a_missing_one(tmp_path: Path) -> None:
+    """As the nightly matrix's merge job sees it: shard 1 finished, shard 2 was killed (its stream only),
+    shard 3 left nothing."""
+    from pytest_ptn.reporting import results, stream
+    from pytest_ptn.ruleset import SPEC_VERSION
+
+    def row(nodeid: str) -> results.Result:
+        return results.Result("E1", "MUST", "kv_cache", "aoti", "pass", "", "pytest x", None, nodeid)
+
+    shard1, shard2, shard3 = (tmp_path / f"shard-{k}" for k in (1, 2, 3))
+    shard1.mkdir()
+    shard2.mkdir()
+    results.save(
+        results.Results(SPEC_VERSION, {}, [row("t::a")], run=results.RunStatus(1, 1, None, "1/3")),
+        shard1 / "results.json",
+    )
+    killed = stream.VerdictStream(shard2 / stream.NAME, SPEC_VERSION, {}, "2/3")
+    killed.selected(2)
+    killed.test("t::b", [row("t::b")])
+
+    merged = merge_shards(tmp_path, shard1, shard2, shard3)
+    assert merged.returncode == 1, merged.stderr
+    assert f"merge: {shard3} holds no report" in merged.stderr
+    headline = "INCOMPLETE: 2 tests finished; shard 3/3 missing; shard 2/3: the run ended without finishing"
+    assert headline in merged.stdout
+    assert headline in (tmp_path / "merged" / "summary.md").read_text()
+    assert (shard2 / "results.json").exists()  # rendered from its stream
+    assert {r.nodeid for r in results.load(tmp_path / "merged" / "results.json").results} == {"t::a", "t::b"}
+
+    results.save(
+        results.Results(SPEC_VERSION, {}, [row("t::b")], run=results.RunStatus(1, 1, None, "2/3")),
+        shard2 / "results.json",
+    )
+    shard3.mkdir()
+    results.save(
+        results.Results(SPEC_VERSION, {}, [row("t::c")], run=results.RunStatus(1, 1, None, "3/3")),
+        shard3 / "results.json",
+    )
+    assert merge_shards(tmp_path, shard1, shard2, shard3).returncode == 0

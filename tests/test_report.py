@@ -185,7 +185,18 @@ def test_results_json(suite: pytest.Pytester) -> None:
     assert prov["time"].endswith("+00:00")
     rows = load_rows(suite.path / "out" / "results.json")
     assert len(rows) == 12  # one row per (test, rule); P1 and P3 both come from one test
-    fields = {"rule", "level", "scenario", "backend", "outcome", "reason", "repro", "seed", "nodeid"}
+    fields = {
+        "rule",
+        "level",
+        "scenario",
+        "backend",
+        "outcome",
+        "reason",
+        "repro",
+        "seed",
+        "nodeid",
+        "schedule",
+    }
     assert all(set(row) == fields for row in rows.values())
     outcomes = {key: row["outcome"] for key, row in rows.items()}
     assert outcomes == {

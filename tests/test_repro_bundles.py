@@ -17,6 +17,7 @@ import pytest
 from broken_backends import BindsByKey
 
 from pytest_ptn import upstream_noise
+from pytest_ptn.backends import pte_replay
 from pytest_ptn.harness import Case
 from pytest_ptn.plugin import suite_path
 from pytest_ptn.programs.catalogue import BY_NAME
@@ -41,7 +42,7 @@ def test_a_failing_case_bundle_replays_its_failure_in_a_fresh_folder(
         str(suite_path()),
         "--ptn-backend=broken_backends:BindsByKey",
         "-k",
-        f"test_each_method_matches_eager and ({FAILING}] or {PASSING}])",
+        f"test_each_method_matches_eager and ({FAILING}-up_front] or {PASSING}-up_front])",
         "-p",
         "no:cacheprovider",
         repro.OPTION,
@@ -64,11 +65,52 @@ def test_a_failing_case_bundle_replays_its_failure_in_a_fresh_folder(
     )
     assert replay.returncode == 1, replay.stdout + replay.stderr
     printed = [line.strip() for line in replay.stdout.splitlines()]
-    assert printed == ["outputs differ from eager:", *mismatch_lines], replay.stdout + replay.stderr
+    assert printed[: len(mismatch_lines) + 1] == ["outputs differ from eager:", *mismatch_lines], (
+        replay.stdout
+    )
+    # the storage defect behind it, which a replay of the calls alone would not show
+    topology = printed[len(mismatch_lines) + 1 :]
+    assert topology[0] == "the loader's sharing topology is wrong:", replay.stdout
+    assert "method 'decode': key 'weight' shares storage with method 'prefill''s 'weight'" in topology[1]
 
     # repro.py loads the bundled file, not the new lowering it makes for the backend's in-memory part
     case = Case(BindsByKey(), BY_NAME[FAILING], lambda name: pytester.path)
     assert repro.bundled_lowered(case, fresh).path == fresh / repro.ARTIFACT / "program.ptpkg"
+
+
+def test_bundles_of_sharing_and_fuzz_failures_fail_and_are_never_collected(
+    pytester: pytest.Pytester, warm_torch: None
+) -> None:
+    """An S-rule failure's bundle shows the storage defect and exits 1; the fuzz test's failure gets a bundle
+    of the program it failed on; a later run in the same folder collects nothing of the bundles."""
+    args = [
+        str(suite_path()),
+        "--ptn-backend=broken_backends:BindsByKey",
+        "-k",
+        "test_same_name_different_content_is_never_shared and total_collision] or test_generated_programs",
+        "-p",
+        "no:cacheprovider",
+        repro.OPTION,
+        "bundles",
+    ]
+    first = pytester.runpytest_inprocess(*args)
+    first.assert_outcomes(failed=2)
+    bundles = sorted(b.name for b in (pytester.path / "bundles").iterdir())
+    assert bundles == ["broken_backends_BindsByKey-fuzz", "broken_backends_BindsByKey-total_collision"]
+    for name in bundles:
+        replayed = subprocess.run(
+            [sys.executable, repro.REPRO_SCRIPT],
+            cwd=pytester.path / "bundles" / name,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        assert replayed.returncode == 1, replayed.stdout + replayed.stderr
+    # the folder's own run (no paths: this folder) and the suite's again: nothing of the bundles collected
+    mine = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--collect-only", "-q")
+    assert mine.ret == pytest.ExitCode.NO_TESTS_COLLECTED, mine.stdout.str()
+    again = pytester.runpytest_inprocess(*args[:-2])
+    again.assert_outcomes(failed=2)
 
 
 def test_a_pte_bundle_carries_plain_runtime_calls(
@@ -89,7 +131,7 @@ def test_a_pte_bundle_carries_plain_runtime_calls(
     written = repro.write_bundle(tmp_path / "bundles", "pte", case, {})
     fresh = shutil.copytree(written, tmp_path / "elsewhere")
     shutil.rmtree(tmp_path / "lowered")
-    snippet = fresh / repro.RUNTIME_SCRIPT
+    snippet = fresh / pte_replay.SCRIPT
     assert "Runtime.get().load_program" in snippet.read_text()
 
     assert run_script(snippet) == 0, capsys.readouterr().out

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Nightly GPU conformance run from a source checkout with nothing installed (see README.md here): the aoti
-# backends on CUDA, plus the ExecuTorch CUDA delegate (`cuda`) where a CUDA executorch is installed.
+# backends on CUDA, plus the ExecuTorch CUDA delegate (`cuda`) where a CUDA executorch is installed. The zoo
+# (upstream's own models, --ptn-zoo: opt-in because it costs about as much again as the catalogue) runs too.
 #
 #   conformance/gpu/nightly.sh OUT [--device cuda|cpu] [--compile-only] [pytest args...]
 #
@@ -72,7 +73,7 @@ if $compile_only; then
     # entries); each finished entry is kept, so a call cut short is simply run again.
     workers=$(($(nproc) / 2 > 1 ? $(nproc) / 2 : 1))
     mkdir -p "$out/compile"
-    exec "$python" -m pytest "${plugin[@]}" --ptn-backend=aoti --ptn-report "$out/compile" -n "$workers" \
+    exec "$python" -m pytest "${plugin[@]}" --ptn-backend=aoti --ptn-zoo --ptn-report "$out/compile" -n "$workers" \
         -k "test_valid_program_lowers_and_loads or test_generated_programs_match_eager" "$@"
 fi
 
@@ -90,4 +91,4 @@ fi
 # which a second worker on the same GPU would move.
 workers=()
 [[ $device == cuda ]] && workers=(-n auto --ptn-gpu-per-worker)
-exec "$python" -m pytest "${plugin[@]}" "${backends[@]}" "${workers[@]}" --ptn-report "$out" "${selection[@]}" "$@"
+exec "$python" -m pytest "${plugin[@]}" "${backends[@]}" --ptn-zoo "${workers[@]}" --ptn-report "$out" "${selection[@]}" "$@"

@@ -18,12 +18,15 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_ptn import upstream_noise
 from pytest_ptn.backend import Availability, Backend, Capability, Loaded, Lowered, package_version
+from pytest_ptn.backends import pte_replay
 
 if TYPE_CHECKING:
     import torch
-    from executorch.exir import ExecutorchBackendConfig
+    from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig
     from executorch.runtime import Method, Program
     from torch.export import ExportedProgram
+
+    from pytest_ptn.programs.build import EagerCall
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,14 @@ class PteLowered(Lowered):
         self.path = path
         self.data_path = data_path
         self.methods = methods
+
+    def files(self) -> dict[str, Path]:
+        return {"path": self.path, **({"data_path": self.data_path} if self.data_path is not None else {})}
+
+    def bundle_scripts(
+        self, calls_file: str, files: dict[str, str], calls: Sequence[EagerCall]
+    ) -> dict[str, str]:
+        return {pte_replay.SCRIPT: pte_replay.runtime_script(self, calls_file, files, calls)}
 
 
 class PteLoaded(Loaded):
@@ -119,28 +130,14 @@ class PteBackend(Backend):
         return ExecutorchBackendConfig()
 
     def lower(self, programs: dict[str, ExportedProgram], workdir: Path) -> PteLowered:
-        with upstream_noise.contained():  # executorch warns on import and on every mutated buffer
-            from executorch.exir import to_edge_transform_and_lower
-
-            edge = to_edge_transform_and_lower(
+        with upstream_noise.contained():  # importing a partitioner warns too
+            return lower_to_pte(
                 programs,
+                workdir,
+                partitioners={method: self.partitioners(method) for method in programs},
                 transform_passes=self.transform_passes(),
-                partitioner={method: self.partitioners(method) for method in programs},
+                config=self.config(),
             )
-            et = edge.to_executorch(self.config())
-        path = workdir / "program.pte"
-        with path.open("wb") as f:
-            et.write_to_file(f)
-        data_dir = workdir / "data"
-        data_dir.mkdir(exist_ok=True)
-        for stale in data_dir.glob("*.ptd"):  # an earlier lowering into the same folder
-            stale.unlink()
-        et.write_tensor_data_to_file(str(data_dir))
-        data = sorted(data_dir.glob("*.ptd"))
-        if len(data) > 1:  # Runtime.load_program takes one .ptd
-            raise NotImplementedError(f"lowering wrote {len(data)} .ptd files, the runtime loads one: {data}")
-        methods = _signatures({m: et.exported_program(m) for m in programs})
-        return PteLowered(path, data[0] if data else None, methods)
 
     def load(self, lowered: Lowered) -> PteLoaded:
         assert isinstance(lowered, PteLowered)
@@ -195,6 +192,44 @@ class SharedStateBackend(PteBackend):
     def load(self, lowered: Lowered) -> SharedStateLoaded:
         assert isinstance(lowered, PteLowered)
         return SharedStateLoaded(lowered)
+
+
+def lower_to_pte(
+    programs: dict[str, ExportedProgram],
+    workdir: Path,
+    *,
+    partitioners: dict[str, list[Any]],
+    config: ExecutorchBackendConfig,
+    transform_passes: Any = None,
+    compile_config: EdgeCompileConfig | None = None,
+    constant_methods: dict[str, Any] | None = None,
+) -> PteLowered:
+    """``to_edge_transform_and_lower`` -> ``to_executorch`` of every method at once, written as a .pte (and
+    its .ptd, if the config externalizes data) under ``workdir``: what every .pte backend lowers with."""
+    with upstream_noise.contained():  # executorch warns on import and on every mutated buffer
+        from executorch.exir import to_edge_transform_and_lower
+
+        edge = to_edge_transform_and_lower(
+            programs,
+            transform_passes=transform_passes,
+            partitioner=partitioners,
+            constant_methods=constant_methods,
+            compile_config=compile_config,
+        )
+        et = edge.to_executorch(config)
+    path = workdir / "program.pte"
+    with path.open("wb") as f:
+        et.write_to_file(f)
+    data_dir = workdir / "data"
+    data_dir.mkdir(exist_ok=True)
+    for stale in data_dir.glob("*.ptd"):  # an earlier lowering into the same folder
+        stale.unlink()
+    et.write_tensor_data_to_file(str(data_dir))
+    data = sorted(data_dir.glob("*.ptd"))
+    if len(data) > 1:  # Runtime.load_program takes one .ptd
+        raise NotImplementedError(f"lowering wrote {len(data)} .ptd files, the runtime loads one: {data}")
+    methods = _signatures({m: et.exported_program(m) for m in programs})
+    return PteLowered(path, data[0] if data else None, methods)
 
 
 def _load_program(lowered: PteLowered) -> Program:

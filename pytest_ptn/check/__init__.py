@@ -37,7 +37,7 @@ from pytest_ptn.backend import (
     resolve_backend,
 )
 from pytest_ptn.check.findings import Difference, Finding, Stage
-from pytest_ptn.programs.source import Source, UserProgram
+from pytest_ptn.programs.source import ProgramFormError, Source, UserProgram
 from pytest_ptn.reference.planner import StateConflictError
 
 __all__ = ["Difference", "Finding", "Stage", "check_program"]
@@ -67,14 +67,33 @@ def check_program(
     ``program`` is an ``nn.Module`` with those methods, or a mapping of method name -> ``nn.Module`` (its
     forward), callable or ``ExportedProgram``; findings name its tensors by its own FQNs. ``calls`` is the
     call sequence (method, inputs); by default each method once with its example inputs. A backend that
-    cannot run here raises BackendError; a program in none of those forms, ProgramFormError."""
+    cannot run here raises BackendError; a program in none of those forms, or a call its method cannot take
+    (inputs of another shape or dtype than the method was exported for, as the runtime refuses them),
+    ProgramFormError: a usage error of the program, never a finding about the backend."""
     import torch
 
     usable = usable_backend(backend)
     user = UserProgram(program, methods)
     sequence = list(calls) if calls is not None else list(methods.items())
     with torch.no_grad(), tempfile.TemporaryDirectory() as tmp:
+        _refuse_calls(user, sequence)
         return _check(usable, user, sequence, workdir or Path(tmp))
+
+
+def _refuse_calls(program: UserProgram, sequence: list) -> None:
+    from pytest_ptn.programs.exported import call_refusal, input_metas
+
+    inspected = program.inspected()
+    for i, (name, args) in enumerate(sequence):
+        if name not in inspected:
+            raise ProgramFormError(
+                f"call #{i} is to {name!r}, which is not one of the methods {list(inspected)}"
+            )
+        refusal = call_refusal(name, input_metas(inspected[name]), args)
+        if refusal is not None:
+            raise ProgramFormError(
+                f"call #{i} cannot be made: {refusal} (export the method for the inputs you call it with)"
+            )
 
 
 def _check(backend: Backend, program: UserProgram, sequence: list, workdir: Path) -> list[Finding]:
@@ -92,8 +111,6 @@ def _check(backend: Backend, program: UserProgram, sequence: list, workdir: Path
         return [Finding("E2", Stage.LOWER, f"lowering failed: {one_line(e)}")]
     try:
         loaded = backend.load(lowered)
-        for name in program.methods:
-            loaded.load_method(name)
     except Exception as e:
         return [Finding("E2", Stage.LOAD, f"loading failed: {one_line(e)}")]
     inspected = program.inspected()
@@ -103,10 +120,15 @@ def _check(backend: Backend, program: UserProgram, sequence: list, workdir: Path
             k: [m for m, ep in inspected.items() if k in constants_of(ep)] for k in mutable_keys(inspected)
         }
         state_rules = {k: "E3" if len(methods) > 1 else "E4" for k, methods in users.items()}
-    findings, returned = run_calls(loaded, program.eager(), sequence, state_rules)
+    wide = program.wide_eager()
+    findings, returned = run_calls(loaded, program.eager(), sequence, state_rules, wide)
+    if any(f.stage == Stage.LOAD for f in findings):
+        return findings
     findings = explain(findings, returned, program, sequence)
+    failed = {f.call for f in findings}
     second = _load_reversed(backend, lowered, program)
-    findings += _second_copy(second, program, sequence, state_rules, {f.call for f in findings})
+    findings += _second_copy(second, program, sequence, state_rules, failed)
+    findings += _loaded_at_first_call(backend.load(lowered), program, sequence, state_rules, failed)
     if Capability.PACKAGE in backend.capabilities:
         findings += package_findings(lowered.package(), inspected)
     if Capability.STORAGE in backend.capabilities:
@@ -125,6 +147,30 @@ def _check(backend: Backend, program: UserProgram, sequence: list, workdir: Path
                 )
             )
     return findings
+
+
+def _loaded_at_first_call(
+    loaded: Loaded,
+    program: UserProgram,
+    sequence: list,
+    state_rules: dict[str, str] | None,
+    failed: set[int | None],
+) -> list[Finding]:
+    """A copy whose methods load at their first call, after the others ran (as
+    ``executorch.extension.module.Module`` loads them): its calls match eager where the up-front copy's
+    did."""
+    from pytest_ptn.check.execution import run_calls
+    from pytest_ptn.schedule import LoadSchedule
+
+    schedule = LoadSchedule.AT_FIRST_CALL
+    wide = program.wide_eager()
+    findings, _ = run_calls(loaded, program.eager(), sequence, state_rules, wide, schedule)
+    said = schedule.describe([name for name, _ in sequence])
+    return [
+        dataclasses.replace(f, detail=f"{said}: {f.detail}")
+        for f in findings
+        if f.call not in failed and f.rule != "E5"
+    ]
 
 
 def _rejection(
@@ -164,7 +210,8 @@ def _second_copy(
     (E4: copies share no state), and its calls match eager where the first copy's did (E1)."""
     from pytest_ptn.check.execution import run_calls
 
-    findings, _ = run_calls(second, program.eager(), sequence, state_rules)
+    wide = program.wide_eager()
+    findings, _ = run_calls(second, program.eager(), sequence, state_rules, wide)
     return [
         dataclasses.replace(f, rule="E4", detail=f"a second loaded copy: {f.detail}")
         if f.rule == "E5"

@@ -9,10 +9,6 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-RTOL = 1e-5
-ATOL = 1e-5
-"""Outputs closer to eager than this are equal (the conformance tests' tolerance)."""
-
 SHOWN_ELEMENTS = 3
 """How many differing elements a finding lists."""
 
@@ -40,19 +36,24 @@ class Difference:
     """The first differing elements: (index, backend's value, eager value)."""
 
     @classmethod
-    def between(cls, have: torch.Tensor, want: torch.Tensor) -> Difference | None:
-        """None when ``have`` equals ``want`` within the tolerance (same shape required)."""
+    def between(
+        cls, have: torch.Tensor, want: torch.Tensor, wide: torch.Tensor | None = None
+    ) -> Difference | None:
+        """None when ``have`` equals ``want`` within the bound of pytest_ptn.comparison (same shape
+        required; ``wide``: eager's float64 counterpart of a reduced-precision ``want``)."""
         import torch
 
-        have, want = have.detach().to(torch.float64), want.detach().to(torch.float64)
-        close = torch.isclose(have, want, rtol=RTOL, atol=ATOL, equal_nan=True)
-        if bool(close.all()):
+        from pytest_ptn.comparison import FLOOR, close
+
+        ok = close(have, want, wide)
+        if bool(ok.all()):
             return None
+        have, want = have.detach().to(torch.float64), want.detach().to(torch.float64)
         error = (have - want).abs()
-        rel = error / want.abs().clamp_min(ATOL)
-        wrong = (~close).nonzero().tolist()[:SHOWN_ELEMENTS]
+        rel = error / want.abs().clamp_min(FLOOR)
+        wrong = (~ok).nonzero().tolist()[:SHOWN_ELEMENTS]
         first = tuple((tuple(i), float(have[tuple(i)]), float(want[tuple(i)])) for i in wrong)
-        return cls(float(error.max()), float(rel.max()), int((~close).sum()), want.numel(), first)
+        return cls(float(error.max()), float(rel.max()), int((~ok).sum()), want.numel(), first)
 
     def __str__(self) -> str:
         shown = ", ".join(f"{list(i)} is {h:.6g} (eager {w:.6g})" for i, h, w in self.first)

@@ -7,7 +7,7 @@ import concurrent.futures
 
 from pytest_ptn.backend import Backend, Loaded, Lowered
 from pytest_ptn.check.findings import Finding, Stage
-from pytest_ptn.programs.exported import constants_of, immutable_by_content, mutable_keys
+from pytest_ptn.programs.exported import aliases, constants_of, immutable_by_content, mutable_keys
 
 Pair = tuple[str, str]
 Groups = dict[tuple[str, str], list[Pair]]
@@ -15,13 +15,14 @@ Groups = dict[tuple[str, str], list[Pair]]
 
 
 def topology(loaded: Loaded, programs: dict) -> dict[Pair, int]:
-    """(method, immutable key) -> the allocation behind it."""
+    """(method, immutable key) -> the allocation behind it; one key per tensor (a second FQN of one tensor
+    need not be allocated at all, see aliases)."""
     mutable = mutable_keys(programs)
     return {
         (method, key): loaded.storage(method, key)
         for method, ep in programs.items()
         for key in constants_of(ep)
-        if key not in mutable
+        if key not in mutable and key not in aliases(ep)
     }
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from pytest_ptn.comparison import reduced_precision
 from pytest_ptn.spec import SHARED, Constant, Method, ProgramSpec
 
 
@@ -28,10 +29,11 @@ def make_tensor(c: Constant) -> torch.Tensor:
     return torch.randint(-100, 100, c.shape, generator=g).to(dtype)
 
 
-def weighted_sum(t: torch.Tensor) -> torch.Tensor:
-    """Position-weighted sum: any change of a tensor's bytes, or order, changes it."""
-    flat = t.to(torch.float32).reshape(-1)
-    return (flat * torch.arange(1, flat.numel() + 1, dtype=torch.float32)).sum()
+def weighted_sum(t: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Position-weighted sum in ``dtype`` (the program's): any change of a tensor's bytes, or order, changes
+    it."""
+    flat = t.to(dtype).reshape(-1)
+    return (flat * torch.arange(1, flat.numel() + 1, dtype=dtype)).sum()
 
 
 def _register(module: nn.Module, c: Constant) -> None:
@@ -74,6 +76,8 @@ class MethodModule(nn.Module):
         super().__init__()
         self.spec_method = method
         self.shared = shared
+        if spec.shared_alias is not None:
+            setattr(self, spec.shared_alias, shared)  # one module, a second path: every tensor gets two FQNs
         self._specs = {c.name: c for c in spec.shared} | {c.name: c for c in method.constants}
         self._private = {c.name for c in method.constants}
         # Values of literals and scalars are computed here: a tensor made in forward would itself be exported.
@@ -116,7 +120,7 @@ class MethodModule(nn.Module):
             else:
                 row = (torch.argmax(x) % buf.shape[0]).reshape(1)
                 buf.index_copy_(0, row, x.reshape(1, -1).to(buf.dtype))
-        terms = [weighted_sum(self._tensor(name, x)) + xs for name in m.reads]
+        terms = [weighted_sum(self._tensor(name, x), x.dtype) + xs for name in m.reads]
         if m.branch is not None:
             true_t = getattr(self, m.branch.on_true.name)
             false_t = getattr(self, m.branch.on_false.name)
@@ -127,7 +131,7 @@ class MethodModule(nn.Module):
             def on_false(v: torch.Tensor) -> torch.Tensor:
                 return v - false_t
 
-            terms.append(weighted_sum(torch.cond(xs > 0, on_true, on_false, (x,))))
+            terms.append(weighted_sum(torch.cond(xs > 0, on_true, on_false, (x,)), x.dtype))
         if not terms:
             terms.append(xs)
         return torch.stack(terms)
@@ -142,6 +146,17 @@ class EagerCall:
     outputs: list[torch.Tensor]
     inputs_after: tuple[torch.Tensor, ...]
     state_after: dict[str, torch.Tensor]
+    wide: EagerCall | None = None
+    """The same call when eager runs the program widened to float64, for a reduced-precision program: how
+    far eager's own rounding moves each value (pytest_ptn.comparison); None where it cannot move it."""
+
+    def output_bounds(self) -> list[torch.Tensor | None]:
+        """Each output's float64 counterpart for the comparison, or None."""
+        return [None] * len(self.outputs) if self.wide is None else list(self.wide.outputs)
+
+    def widened(self, key: str) -> torch.Tensor | None:
+        """State ``key`` after this call in the float64 run, or None."""
+        return None if self.wide is None else self.wide.state_after.get(key)
 
 
 class Program:
@@ -166,7 +181,7 @@ class Program:
     def example_inputs(self, method: str, call_index: int = 0) -> tuple[torch.Tensor, ...]:
         shape = self.spec.method(method).input_shape
         g = torch.Generator().manual_seed(self.spec.seed * 7919 + call_index)
-        return (torch.randn(shape, generator=g),)
+        return (torch.randn(shape, generator=g).to(getattr(torch, self.spec.dtype)),)
 
     def export(
         self, methods: Callable[[str], bool] = lambda name: True
@@ -195,12 +210,25 @@ class Program:
         return self._eager
 
     def run_eager(self, sequence: tuple[str, ...]) -> list[EagerCall]:
-        """``sequence`` run eagerly on one fresh set of modules, state carried across calls."""
+        """``sequence`` run eagerly on one fresh set of modules, state carried across calls; a
+        reduced-precision program runs a second time widened to float64 (EagerCall.wide)."""
+        calls = self._run(sequence, None)
+        if reduced_precision(torch.empty((), dtype=getattr(torch, self.spec.dtype))):
+            for call, wide in zip(calls, self._run(sequence, torch.float64), strict=True):
+                call.wide = wide
+        return calls
+
+    def _run(self, sequence: tuple[str, ...], widen: torch.dtype | None) -> list[EagerCall]:
         modules = self.modules()
+        if widen is not None:  # the same values, exactly: every floating tensor of the program converted
+            for module in modules.values():
+                module.to(widen)
         calls = []
         with torch.no_grad():
             for i, name in enumerate(sequence):
                 inputs = self.example_inputs(name, i)
+                if widen is not None:
+                    inputs = tuple(t.to(widen) for t in inputs)
                 given = tuple(t.clone() for t in inputs)
                 out = modules[name](*given)
                 calls.append(

@@ -4,10 +4,13 @@ Tags say what a scenario exercises, so each conformance test picks only the scen
 ``valid`` (all programs that must lower), ``collision`` (same name, different tensors), ``dedupe`` (equal
 tensors stored once), ``shared_weight``, ``shared_state``, ``private_state``, ``buffers`` (buffers read,
 so initial values matter), ``state_bytes`` (state equal in bytes to a constant), ``total_collision``,
-``reject``.
+``reject``, ``reduced_precision`` (computed in bf16 or fp16).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
 
 from pytest_ptn.spec import Branch, Constant, Method, ProgramSpec, Scenario, Write
 
@@ -459,6 +462,94 @@ SCENARIOS: tuple[Scenario, ...] = (
             ),
         ),
         "collision",
+    ),
+)
+
+
+def _computed_in(dtype: str, suffix: str, calls: tuple[str, ...] = ()) -> Callable[[Scenario], Scenario]:
+    """The same scenario computed in ``dtype``: its inputs, constants and arithmetic (``calls`` replacing the
+    call sequence where given), tagged ``reduced_precision``. Named constants get the suffix too: within the
+    program they collide as before, but never with the float32 scenario's, which a cache keyed by name
+    across programs (aoti-upstream) would otherwise meet, its outcome depending on which case ran first."""
+
+    def named(name: str) -> str:
+        return f"{name}_{suffix}"
+
+    def convert(c: Constant) -> Constant:
+        if c.family == "int8_linear":
+            return c
+        renamed = c.name if c.family in ("literal", "scalar") else named(c.name)
+        return replace(c, name=renamed, dtype=dtype)
+
+    def variant(s: Scenario) -> Scenario:
+        known = {c.name: convert(c).name for m in s.spec.methods for c in m.constants}
+        known |= {c.name: convert(c).name for c in s.spec.shared}
+        methods = tuple(
+            replace(
+                m,
+                constants=tuple(map(convert, m.constants)),
+                reads=tuple(known[r] for r in m.reads),
+                writes=tuple(replace(w, target=known[w.target]) for w in m.writes),
+            )
+            for m in s.spec.methods
+        )
+        spec = replace(
+            s.spec,
+            dtype=dtype,
+            methods=methods,
+            shared=tuple(map(convert, s.spec.shared)),
+            calls=calls or s.spec.calls,
+        )
+        doc = f"{s.doc} Computed in {dtype}, its named constants suffixed `_{suffix}`: compared as {dtype} "
+        doc += "results are (pytest_ptn.comparison)."
+        if calls:
+            doc += f" Calls: {', '.join(calls)}."
+        tags = s.tags | {"reduced_precision"}
+        return replace(s, name=f"{s.name}_in_{suffix}", doc=doc, spec=spec, tags=tags)
+
+    return variant
+
+
+REDUCED_PRECISION_OF = (
+    "colliding_literals",
+    "same_metadata_different_bytes",
+    "shared_weight",
+    "kv_cache",
+    "nonpersistent_written",
+)
+"""The scenarios that also run computed in bf16 and in fp16, as real LLMs run: the collisions, a shared
+weight, a KV cache and a buffer that starts from non-zero values (whose zero-filling must still show)."""
+_BASE = {s.name: s for s in SCENARIOS}
+PREFILL_FIRST = ("prefill", "decode", "prefill", "decode")
+"""A runner's order: the KV cache variants start with prefill, so decode first loads after prefill wrote."""
+
+SCENARIOS += tuple(
+    _computed_in(dtype, suffix, PREFILL_FIRST if name == "kv_cache" else ())(_BASE[name])
+    for dtype, suffix in (("bfloat16", "bf16"), ("float16", "fp16"))
+    for name in REDUCED_PRECISION_OF
+)
+SCENARIOS += (
+    _s(
+        "aliased_submodule",
+        "The shared root is also reachable as `rope`, as llama's rope module hangs off the model and every "
+        "layer: its weight `w` and read-only non-persistent `freqs` each have two FQNs (`shared.w`, "
+        "`rope.w`), one tensor: one constant, one allocation, stored once.",
+        ProgramSpec(
+            methods=(
+                Method("prefill", reads=("w", "freqs")),
+                Method(
+                    "decode", (Constant("t", "literal", values=_vals(2, 4, 6, 8)),), reads=("w", "freqs", "t")
+                ),
+            ),
+            shared=(
+                Constant("w", "parameter", shape=(4, 4), seed=50),
+                Constant("freqs", "buffer", shape=(8,), values=_arange(8, start=1.0), persistent=False),
+            ),
+            shared_alias="rope",
+        ),
+        "shared_weight",
+        "dedupe",
+        "buffers",
     ),
 )
 

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from torch.export import ExportedProgram
 
+from pytest_ptn.comparison import reduced_precision
 from pytest_ptn.programs.exported import constants_of, functionalize, mutable_keys
 from pytest_ptn.reference.planner import StateConflictError, shared_state
 
@@ -93,12 +94,13 @@ class UserProgram:
             return e
         return None
 
-    def eager(self) -> dict[str, nn.Module]:
+    def eager(self, widen: torch.dtype | None = None) -> dict[str, nn.Module]:
         """The methods as modules on one fresh copy, state carried between calls as eager does; a tensor is
         found in them by the key the exported programs give it (find_tensor). An ExportedProgram runs as
         ``ep.module()``. A buffer some method mutates is one tensor across methods, as the rules define the
         program (one ``state/k``), also where methods were built separately; StateConflictError if their
-        initial values differ (see conflict)."""
+        initial values differ (see conflict). ``widen``: every floating parameter and buffer converted to
+        that dtype (the same values, exactly), to measure eager's own rounding (pytest_ptn.comparison)."""
         conflict = self.conflict
         if conflict is not None:
             raise StateConflictError(str(conflict), conflict.methods, conflict.keys)
@@ -106,8 +108,25 @@ class UserProgram:
             name: entry.module(check_guards=False) if isinstance(entry, ExportedProgram) else entry
             for name, entry in self._fresh().items()
         }
+        if widen is not None:
+            for module in modules.values():
+                module.to(widen)
         tie_state(modules, mutable_keys(self.inspected()))
         return modules
+
+    def wide_eager(self) -> dict[str, nn.Module] | None:
+        """A fresh eager copy widened to float64 for a reduced-precision program (to bound its rounding,
+        pytest_ptn.comparison), None for one in float32 or wider."""
+        return self.eager(torch.float64) if self.reduced_precision else None
+
+    @cached_property
+    def reduced_precision(self) -> bool:
+        """Whether the program holds or takes a floating tensor coarser than float32 (a bf16 model): then
+        its eager results are compared with a float64 run's too."""
+        tensors = [a for args in self.inputs.values() for a in args]
+        for ep in self.inspected().values():
+            tensors += [*ep.state_dict.values(), *ep.constants.values()]
+        return any(isinstance(t, torch.Tensor) and reduced_precision(t) for t in tensors)
 
     def _fresh(self) -> dict[str, nn.Module | ExportedProgram]:
         """method -> the module whose forward runs it, or its ExportedProgram, all on one new inference copy
@@ -169,6 +188,11 @@ def _runnable(entry: Entry) -> nn.Module | ExportedProgram:
     if isinstance(owner, nn.Module):
         return method_view(owner, entry.__name__)
     return Function(entry)
+
+
+def widened(args: tuple[Any, ...], dtype: torch.dtype) -> tuple[Any, ...]:
+    """``args`` with every floating tensor converted to ``dtype`` (a copy)."""
+    return tuple(a.to(dtype) if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
 
 
 def exported_eager(programs: Mapping[str, ExportedProgram], mutable: set[str]) -> dict[str, nn.Module]:

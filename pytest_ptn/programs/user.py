@@ -18,7 +18,7 @@ from torch.utils import _pytree as pytree
 from pytest_ptn import upstream_noise
 from pytest_ptn.programs.build import EagerCall
 from pytest_ptn.programs.exported import mutable_keys
-from pytest_ptn.programs.source import ProgramFormError, Source, UserProgram, find_tensor
+from pytest_ptn.programs.source import ProgramFormError, Source, UserProgram, find_tensor, widened
 from pytest_ptn.programs.traits import derived_tags
 
 Inputs = tuple[torch.Tensor, ...]
@@ -123,7 +123,17 @@ class NamedProgram:
         return {key: t.clone() for key, t in found.items() if t is not None}
 
     def _run(self, calls: Sequence[tuple[str, Inputs]]) -> list[EagerCall]:
-        methods = self._modules()
+        """The calls on eager; a reduced-precision program also widened to float64 (EagerCall.wide)."""
+        out = self._calls(self._modules(), calls)
+        if self._program.reduced_precision:
+            wide = [(name, widened(args, torch.float64)) for name, args in calls]
+            for call, wide_call in zip(
+                out, self._calls(self._program.eager(torch.float64), wide), strict=True
+            ):
+                call.wide = wide_call
+        return out
+
+    def _calls(self, methods: dict[str, nn.Module], calls: Sequence[tuple[str, Inputs]]) -> list[EagerCall]:
         out = []
         with torch.no_grad():
             for name, args in calls:

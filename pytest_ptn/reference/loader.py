@@ -14,6 +14,7 @@ import torch
 
 from pytest_ptn.backend import Loaded, Lowered, MemoryReading, PackageView
 from pytest_ptn.content import SharingCache
+from pytest_ptn.programs.exported import CallRefused, InputMeta, call_refusal
 from pytest_ptn.reference.package import Package, read_package, view
 from pytest_ptn.reference.planner import STATE
 
@@ -28,6 +29,11 @@ class ReferenceLowered(Lowered):
 
 
 class ReferenceLoaded(Loaded):
+    """The reference loader, and a base for a loader of one's own: ``bind`` decides which tensor each
+    method's constant gets (sharing through the cache by content), from ``package_tensor`` (the stored
+    bytes) and ``allocate`` (the loader's copy, counted for S6). Overriding ``bind`` is the supported way to
+    put another binding or cache under the suite (``python -m pytest_ptn new-backend`` writes one)."""
+
     def __init__(self, package: Package, graphs: dict[str, torch.fx.GraphModule], cache: SharingCache):
         self._package = package
         self._graphs = graphs
@@ -41,14 +47,19 @@ class ReferenceLoaded(Loaded):
         """A private, writable copy of every state entry: loaded copies never share state (E4)."""
         return {k: self._package.tensor(k).clone() for k in self._package.state_keys}
 
-    def _allocate(self, host: torch.Tensor) -> torch.Tensor:
+    def package_tensor(self, final: str) -> torch.Tensor:
+        """The package's tensor stored under ``final`` (the host copy, read-only)."""
+        return self._package.tensor(final)
+
+    def allocate(self, host: torch.Tensor) -> torch.Tensor:
         """Materialize a constant (this loader's 'device' copy), counting the bytes for S6."""
         self._allocated += host.numel() * host.element_size()
         self._peak = max(self._peak, self._allocated)
         return host.clone()
 
-    def _bind(self, method: str, key: str, final: str) -> torch.Tensor:
-        return self._cache.share(self._package.tensor(final), self._allocate)
+    def bind(self, method: str, key: str, final: str) -> torch.Tensor:
+        """The tensor ``method``'s constant ``key`` (stored as ``final``) runs with, once per method load."""
+        return self._cache.share(self.package_tensor(final), self.allocate)
 
     def _state_tensor(self, method: str, final: str) -> torch.Tensor:
         return self._state[final]
@@ -62,7 +73,7 @@ class ReferenceLoaded(Loaded):
         if method in self._bound:
             return
         self._bound[method] = {
-            item["final"]: self._bind(method, item["key"], item["final"])
+            item["final"]: self.bind(method, item["key"], item["final"])
             for item in self._constants(method)
             if item["final"] not in self._state
         }
@@ -71,8 +82,22 @@ class ReferenceLoaded(Loaded):
         bound = self._bound[method]
         return bound[final] if final in bound else self._state_tensor(method, final)
 
+    def _admits(self, method: str, inputs: Sequence[torch.Tensor]) -> None:
+        """Refuse a call the method was not exported for, as the runtime refuses it (CallRefused)."""
+        sig = self._package.bindings[method]
+        placeholders = self._graphs[method].graph.find_nodes(op="placeholder")
+        metas = [
+            InputMeta.of(node.meta["val"])
+            for node, item in zip(placeholders, sig["inputs"], strict=True)
+            if item["kind"] == "user" and isinstance(node.meta.get("val"), torch.Tensor)
+        ]
+        refusal = call_refusal(method, metas, inputs)
+        if refusal is not None:
+            raise CallRefused(refusal)
+
     def run(self, method: str, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         self.load_method(method)
+        self._admits(method, inputs)
         sig = self._package.bindings[method]
         args = [
             inputs[item["index"]] if item["kind"] == "user" else self._tensor(method, item["final"])

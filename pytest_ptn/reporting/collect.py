@@ -14,6 +14,11 @@ original assertion as reason, not as a known bug.
 A failed report without ``ptn_rule`` (an internal error, a crash report without the test's properties, a
 collection error) is still a failure of the run: it is reported under rule ``results.UNKNOWN_RULE``, so a
 summary never reads "all pass" over a test that did not pass.
+
+A run that stops before its selection finished (a signal, ``-x``/``--maxfail``, a worker pool that gave up)
+is marked incomplete in every report (`results.RunStatus`): how many of the selected tests finished and why
+it stopped, and its exit status is never 0. With ``--ptn-report`` each test's rows also reach
+``DIR/verdicts.jsonl`` as the test finishes (`stream`), so even a killed run leaves them.
 """
 
 from __future__ import annotations
@@ -28,10 +33,12 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from pytest_ptn.reporting import render, results
+from pytest_ptn import stopping
+from pytest_ptn.reporting import render, results, stream
 from pytest_ptn.ruleset import (
     MUST,
     NOT_APPLICABLE_PREFIX,
@@ -40,6 +47,7 @@ from pytest_ptn.ruleset import (
     SPEC_VERSION,
     is_strict_xpass,
 )
+from pytest_ptn.scheduling import shards
 
 NO_BACKEND = "(no backend)"
 _COLOURS = {
@@ -112,14 +120,79 @@ class ConformanceReporter:
         self.config = config
         self.outdir = outdir
         self.records: dict[str, _Record] = {}
+        self.finished: set[str] = set()
+        self.collect_errors: set[str] = set()
+        self.crashed: set[str] = set()
+        self.workers_lost = 0
         self.written: list[Path] = []
+        self.provenance: dict[str, str] = {}
+        self.stream: stream.VerdictStream | None = None
+        self.selection_streamed = False
+        self.stopped: str | None = None
+        self.testing = False
+        self.run: results.RunStatus | None = None
+
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        """Reports of an earlier run in DIR go now: a run killed later must not leave them looking like its
+        own. Provenance is taken once, at the start, for the stream's header and the final report."""
+        if self.outdir is None:
+            return
+        for name in render.REPORT_FILES:
+            (self.outdir / name).unlink(missing_ok=True)
+        self.provenance = collect_provenance(self.config)
+        self.stream = stream.VerdictStream(
+            self.outdir / stream.NAME, SPEC_VERSION, self.provenance, self._shard()
+        )
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        if self.stream is not None:
+            self.stream.selected(len(session.items))
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        """Under xdist the workers collect (each the same selection); the controller learns it here."""
+        if self.stream is not None and not self.selection_streamed:
+            self.selection_streamed = True
+            self.stream.selected(len(ids))
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> None:
+        """Tests are meant to run (not so under --collect-only, or pytest --fixtures, which never loops)."""
+        self.testing = not self.config.option.collectonly
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self._record(report, [(str(name), str(value)) for name, value in report.user_properties])
+        if report.when != "teardown" and report.nodeid not in self.crashed:
+            return
+        self.finished.add(report.nodeid)  # its last report: the teardown, or the crash of its worker
+        record = self.records.get(report.nodeid)
+        if self.stream is not None and record is not None:
+            self.stream.test(report.nodeid, _rows(record, self._backends()))
 
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:  # a module of tests that never ran
             self._record(report, [])
+            self.collect_errors.add(report.nodeid)
+            if self.stream is not None:
+                self.stream.test(report.nodeid, _rows(self.records[report.nodeid], self._backends()))
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport, sched: Any) -> None:
+        self.crashed.add(crashitem)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: object) -> None:
+        self.workers_lost += error is not None
+
+    def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+        self.stopped = stopping.reason(excinfo.value)
+
+    def _shard(self) -> str | None:
+        shard = self.config.stash.get(shards.SHARD, None)
+        return None if shard is None else str(shard)
+
+    def _backends(self) -> set[str]:
+        return {value for r in self.records.values() for name, value in r.properties if name == "ptn_backend"}
 
     def _record(
         self, report: pytest.TestReport | pytest.CollectReport, properties: list[tuple[str, str]]
@@ -138,16 +211,36 @@ class ConformanceReporter:
             return
         self.records[report.nodeid] = _Record(report.nodeid, properties, outcome, _reason(report))
 
-    def document(self, provenance: dict[str, str]) -> results.Results:
-        backends = {
-            value for r in self.records.values() for name, value in r.properties if name == "ptn_backend"
-        }
-        rows = [row for record in self.records.values() for row in _rows(record, backends)]
-        return results.Results(SPEC_VERSION, provenance, results.sort_results(rows))
+    def run_status(self, session: pytest.Session) -> results.RunStatus:
+        """How much of the selection finished, and why the run stopped if it did not finish."""
+        selected = session.testscollected
+        stopped = self.stopped or session.shouldfail or session.shouldstop or None
+        if stopped is None and self.testing and len(self.finished) < selected:
+            plural = "s" if self.workers_lost > 1 else ""
+            lost = f" after {self.workers_lost} xdist worker{plural} crashed" if self.workers_lost else ""
+            stopped = f"the run ended early{lost}"
+        return results.RunStatus(
+            selected, len(self.finished), None if stopped is None else str(stopped), self._shard()
+        )
 
+    def document(self, provenance: dict[str, str]) -> results.Results:
+        """What the finished tests found: a test a stopped run left half done has no verdict yet."""
+        backends = self._backends()
+        done = [
+            r for r in self.records.values() if r.nodeid in self.finished or r.nodeid in self.collect_errors
+        ]
+        rows = [row for record in done for row in _rows(record, backends)]
+        return results.Results(SPEC_VERSION, provenance, results.sort_results(rows), run=self.run)
+
+    @pytest.hookimpl(tryfirst=True)  # before xdist waits for its workers to go: a stopped run reports now
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        self.run = self.run_status(session)
+        if not self.run.complete and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.INTERRUPTED
         if self.outdir is not None:
-            self.written = render.write_reports(self.document(collect_provenance(self.config)), self.outdir)
+            self.written = render.write_reports(self.document(self.provenance), self.outdir)
+        if self.stream is not None:
+            self.stream.end(self.run)
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         """Shown for runs with conformance tests (or a report asked for): a run of other tests in a
@@ -158,7 +251,8 @@ class ConformanceReporter:
             for name, value in r.properties
             if name == "ptn_rule"
         )
-        if not self.records or not (conformance or self.outdir):
+        stopped = self.run is not None and not self.run.complete
+        if not (self.records or stopped) or not (conformance or self.outdir):
             return
         tw = self.config.get_terminal_writer()
 
@@ -166,7 +260,7 @@ class ConformanceReporter:
             return tw.markup(text, **_COLOURS.get(status, {}))
 
         terminalreporter.write_sep("=", f"ptn conformance (spec v{SPEC_VERSION})")
-        for line in render.render_text(self.document({}), paint):
+        for line in render.render_text(self.document({}), paint, pytest_showed=True):
             terminalreporter.write_line(line)
         if self.written:
             others = ", ".join(p.name for p in self.written[:-1])
@@ -232,6 +326,7 @@ def _rows(record: _Record, backends: set[str]) -> list[results.Result]:
             repro=props.get("ptn_repro", f"pytest '{record.nodeid}'"),
             seed=int(seed) if seed is not None and seed.lstrip("-").isdigit() else None,
             nodeid=record.nodeid,
+            schedule=props.get("ptn_schedule"),
         )
         for rule in rules
     ]

@@ -7,7 +7,11 @@ import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from pytest_ptn.reporting import cause_views
+from pytest_ptn.reporting.cause_views import fenced
+from pytest_ptn.reporting.causes import cause_of, find_causes
 from pytest_ptn.reporting.matrix import Cell, CellChange, Finding, Matrix, build_matrix, findings
+from pytest_ptn.reporting.reasons import headline
 from pytest_ptn.reporting.results import (
     FAIL,
     NOT_APPLICABLE,
@@ -22,12 +26,20 @@ from pytest_ptn.reporting.results import (
     one_line,
     save,
 )
-from pytest_ptn.ruleset import LEVELS, NOT_APPLICABLE_PREFIX
+from pytest_ptn.ruleset import LEVELS, NOT_APPLICABLE_PREFIX, SHOULD
 
 LEGEND = "legend: F fail  X xpass (a fail)  x xfail (known bug)  p pass  - n/a  s skip  . not run"
+SHOULD_COUNTING = (
+    "a SHOULD test that fails is F here and xfailed to pytest: it is a failure of that rule, not of the run"
+)
 
 NOTHING_RAN = NOT_APPLICABLE_PREFIX
 """The verdict of a level none of whose tests ran (every cell n/a or skipped)."""
+
+NONE_FAILING_SO_FAR = "none failing of the tests that finished"
+"""The verdict of a level without failures in an incomplete run: never "all pass" over unchecked tests."""
+
+REPORT_FILES = ("results.json", "summary.md", "index.html")
 
 # --- text ---------------------------------------------------------------------------------------------
 
@@ -39,11 +51,35 @@ def _no_paint(text: str, status: str) -> str:
     return text
 
 
-def render_text(doc: Results, paint: Paint = _no_paint) -> list[str]:
-    """The terminal matrix. `paint(text, status)` may colour a cell's text (padding is added after)."""
+def shown_by_pytest(finding: Finding) -> bool:
+    """Whether pytest's own FAILURES section shows this failing test (a SHOULD one is an xfail to pytest)."""
+    return not (finding.result.outcome == FAIL and finding.result.level == SHOULD)
+
+
+def failure_count(failed: Sequence[Finding]) -> str:
+    """How many tests failed, in pytest's terms too: failed (and errors), and the SHOULD ones it xfails."""
+    should = sum(1 for f in failed if not shown_by_pytest(f))
+    if not should:
+        return f"failing tests ({len(failed)})"
+    return (
+        f"failing tests ({len(failed)}: {len(failed) - should} failed or errors to pytest, {should} SHOULD "
+        f"not met, xfailed to pytest)"
+    )
+
+
+def render_text(doc: Results, paint: Paint = _no_paint, pytest_showed: bool = False) -> list[str]:
+    """The terminal report: the causes, the matrix, then each failing test. `paint(text, status)` may colour
+    a cell's text (padding is added after). With `pytest_showed` (the run's own terminal), a failure that
+    pytest's FAILURES section showed is listed by name and command, its text not printed again."""
     matrix = build_matrix(doc.results)
+    incomplete = [paint(doc.incomplete_headline, FAIL)] if doc.incomplete_headline else []
     if not matrix.rows:
-        return ["no conformance results"]
+        return [*incomplete, "no conformance results"]
+    causes = find_causes(doc.results)
+    numbers = cause_of(causes)
+    lines = [*incomplete, *cause_views.text_lines(causes)]
+    if len(lines) > len(incomplete):
+        lines.append("")
     id_width = max(len(row.rule) for row in matrix.rows) + 1
     names = {row.rule: f"{row.rule.ljust(id_width)} {row.title}"[:_NAME_WIDTH] for row in matrix.rows}
     name_width = max(len(name) for name in names.values())
@@ -51,7 +87,7 @@ def render_text(doc: Results, paint: Paint = _no_paint) -> list[str]:
         b: max([len(b)] + [len(row.cells[b].label) for row in matrix.rows if b in row.cells])
         for b in matrix.backends
     }
-    lines = [" " * (name_width + 4) + "  ".join(b.ljust(widths[b]) for b in matrix.backends).rstrip()]
+    lines.append(" " * (name_width + 4) + "  ".join(b.ljust(widths[b]) for b in matrix.backends).rstrip())
     for level, rows in matrix.sections():
         lines.append(f"{level} rules")
         for row in rows:
@@ -61,13 +97,15 @@ def render_text(doc: Results, paint: Paint = _no_paint) -> list[str]:
                 text = paint(cell.label, cell.status) if cell else "."
                 cells.append(text + " " * (widths[b] - len(cell.label if cell else ".")))
             lines.append(f"  {names[row.rule].ljust(name_width)}  " + "  ".join(cells).rstrip())
-    lines.append(LEGEND)
+    lines += [LEGEND, SHOULD_COUNTING]
     failed = findings(doc.results, (FAIL, XPASS))
     if failed:
-        lines += ["", f"failures ({len(failed)}):"]
+        lines += ["", f"{failure_count(failed)}:"]
         for finding in failed:
-            lines.append(f"  {OUTCOME_LETTERS[finding.result.outcome]} {finding.title}")
-            lines += [f"      {line}".rstrip() for line in finding.result.reason.splitlines()]
+            number = numbers[(finding.result.nodeid, finding.result.backend)]
+            lines.append(f"  {OUTCOME_LETTERS[finding.result.outcome]} {finding.title} (cause {number})")
+            if not (pytest_showed and shown_by_pytest(finding)):
+                lines += [f"      {line}".rstrip() for line in finding.result.reason.splitlines()]
             lines.append(f"    reproduce: {finding.result.repro}")
     return lines
 
@@ -131,25 +169,38 @@ def _md_lines(text: str) -> str:
     return "<br>".join(_md(line) for line in text.splitlines() if line.strip())
 
 
+MD_CELL_LINES = 6
+"""A reason longer than this (a fuzz failure's program) gets its first finding in the table and its whole
+text in a code block below it, which pastes as it was printed."""
+
+
 def _md_results_table(found: Sequence[Finding]) -> list[str]:
     lines = ["| rule | backend | scenario | outcome | reason | reproduce |", "|---|---|---|---|---|---|"]
+    blocks: list[str] = []
     for finding in found:
         r = finding.result
         scenario = r.scenario or ""
         if r.seed is not None:
             scenario += f" (seed {r.seed})"
+        reason = _md_lines(r.reason)
+        if len([line for line in r.reason.splitlines() if line.strip()]) > MD_CELL_LINES:
+            reason = f"{_md(headline(r.reason))}<br>(whole text below: {_md(finding.title)})"
+            blocks += [f"<details><summary>{_md(finding.title)}: the whole text</summary>", ""]
+            blocks += [*fenced(r.reason), "", "</details>", ""]
         lines.append(
             f"| {_md(', '.join(finding.rules))} | {_md(r.backend)} | {_md(scenario)} | {r.outcome} | "
-            f"{_md_lines(r.reason)} | {_md_code(r.repro)} |"
+            f"{reason} | {_md_code(r.repro)} |"
         )
-    return lines
+    return lines + ([""] + blocks if blocks else [])
 
 
 def render_markdown(doc: Results, changes: Sequence[CellChange] | None = None) -> str:
     """Sized for $GITHUB_STEP_SUMMARY: verdict, provenance, matrix, then what failed and how to rerun it."""
     matrix = build_matrix(doc.results)
     lines = [f"## pytest-ptn conformance (spec v{doc.spec_version})", ""]
-    lines += [_verdict(matrix), ""]
+    if doc.incomplete_headline:
+        lines += [f"**⚠️ {_md(doc.incomplete_headline)}**", ""]
+    lines += [_verdict(matrix, doc.complete), ""]
     lines += [f"<sub>{_md(p)}</sub><br>" for p in _provenance_lines(doc)] + [""]
     if changes is not None:
         lines += ["### Changes since previous run", ""]
@@ -165,6 +216,7 @@ def render_markdown(doc: Results, changes: Sequence[CellChange] | None = None) -
     if not matrix.rows:
         lines.append("No conformance results.")
         return "\n".join(lines) + "\n"
+    lines += cause_views.markdown_lines(find_causes(doc.results))
     header = "| rule | " + " | ".join(_md(b) for b in matrix.backends) + " |"
     separator = "|---|" + "---|" * len(matrix.backends)
     for level, rows in matrix.sections():
@@ -180,6 +232,8 @@ def render_markdown(doc: Results, changes: Sequence[CellChange] | None = None) -
         "✅ pass · ❌ fail or unexpected pass (xpass) · ⚠️ expected failure: a known bug · "
         "➖ not applicable · ⏭️ skipped",
         "",
+        f"{SHOULD_COUNTING}.",
+        "",
     ]
     failures = findings(doc.results, (FAIL, XPASS))
     if failures:
@@ -191,16 +245,20 @@ def render_markdown(doc: Results, changes: Sequence[CellChange] | None = None) -
     return "\n".join(lines)
 
 
-def _verdict(matrix: Matrix) -> str:
+def _verdict(matrix: Matrix, complete: bool = True) -> str:
     parts = []
     for level, failing, ran in _verdicts(matrix):
         cells = ", ".join(f"{rule} on {backend}" for rule, backend in failing)
         parts.append(
             f"**{level}: {len(failing)} failing** ({cells})"
             if failing
-            else f"**{level}: {'all pass' if ran else NOTHING_RAN}**"
+            else f"**{level}: {_no_failure(ran, complete)}**"
         )
     return " · ".join(parts) or "No conformance results."
+
+
+def _no_failure(ran: bool, complete: bool) -> str:
+    return NOTHING_RAN if not ran else "all pass" if complete else NONE_FAILING_SO_FAR
 
 
 def _verdicts(matrix: Matrix) -> list[tuple[str, list[tuple[str, str]], bool]]:
@@ -329,9 +387,11 @@ def render_html(doc: Results, changes: Sequence[CellChange] | None = None) -> st
             f'<span class="bad">{level}: {len(failing)} failing</span> ({_h(cells)})'
             if failing
             else f'<span class="good">{level}: all pass</span>'
-            if ran
-            else f'<span class="na">{level}: {NOTHING_RAN}</span>'
+            if ran and doc.complete
+            else f'<span class="na">{level}: {_no_failure(ran, doc.complete)}</span>'
         )
+    if doc.incomplete_headline:
+        out.append(f'<p class="verdict"><span class="bad">{_h(doc.incomplete_headline)}</span></p>')
     out.append(f'<p class="verdict">{" · ".join(verdict) or "No conformance results."}</p>')
     out += [f'<p class="prov">{_h(p)}</p>' for p in _provenance_lines(doc)]
     out.append(
@@ -339,7 +399,8 @@ def render_html(doc: Results, changes: Sequence[CellChange] | None = None) -> st
         '<span><span class="xfail">XFAIL</span>expected failure: a known bug</span>'
         '<span><span class="pass">pass</span></span>'
         '<span><span class="na">n/a</span>not applicable or skipped</span>'
-        "<span>&#9656; click a cell for its scenarios, reasons and reproducers</span></div>"
+        "<span>&#9656; click a cell for its scenarios, reasons and reproducers</span>"
+        f"<span>{_h(SHOULD_COUNTING)}</span></div>"
     )
     if changes is not None:
         out.append("<h2>Changes since previous run</h2>")
@@ -357,6 +418,7 @@ def render_html(doc: Results, changes: Sequence[CellChange] | None = None) -> st
         else:
             out.append("<p>No cell changed.</p>")
     if matrix.rows:
+        out.append(cause_views.html_section(find_causes(doc.results)))
         out.append('<table class="matrix"><thead><tr><th>rule</th>')
         out += [f"<th>{_h(b)}</th>" for b in matrix.backends]
         out.append("</tr></thead><tbody>")
@@ -382,8 +444,8 @@ def render_html(doc: Results, changes: Sequence[CellChange] | None = None) -> st
 def write_reports(doc: Results, outdir: Path, changes: Sequence[CellChange] | None = None) -> list[Path]:
     """Write results.json, summary.md and index.html into `outdir`; return their paths."""
     outdir.mkdir(parents=True, exist_ok=True)
-    json_path, md_path, html_path = outdir / "results.json", outdir / "summary.md", outdir / "index.html"
-    save(doc, json_path)
+    json_path, md_path, html_path = (outdir / name for name in REPORT_FILES)
+    save(doc, json_path, {"causes": [cause.to_dict() for cause in find_causes(doc.results)]})
     md_path.write_text(render_markdown(doc, changes), encoding="utf-8")
     html_path.write_text(render_html(doc, changes), encoding="utf-8")
     return [json_path, md_path, html_path]

@@ -1,11 +1,14 @@
 """Repro bundles (``--ptn-repro DIR``): one folder per failing (backend, scenario) that an engineer who never
 saw the run can replay.
 
-The worker that ran the failing test writes it, from the test's Case: the artifact the backend wrote, the
-call sequence with every input and eager output (``calls.safetensors``), the program as a pasteable test,
-the failure text and ``repro.py``, which loads the bundled artifact through the backend, replays the calls
-and prints the differences. A ``.pte`` bundle also gets ``runtime_calls.py``: the same replay through
-``executorch.runtime`` alone, for a C++ runtime engineer to translate.
+The worker that ran the failing test writes it, from the test's Case (the fuzz test: from the program it
+failed on): the files the backend wrote (``Lowered.files``), the call sequence with every input and eager
+output (``calls.safetensors``), the program as a pasteable test, the failure text and ``repro.py``, which
+loads the bundled artifact through the backend, replays the calls, checks the sharing topology where the
+backend shows one, loads the methods in reverse order and replays again, and exits 1 while any of it differs.
+A backend adds its own scripts (``Lowered.bundle_scripts``: a ``.pte`` gets the replay through
+``executorch.runtime`` alone). No file is named as pytest collects tests (``test_*.py``, ``*_test.py``), so a
+bundle folder inside a project is never collected by its next run.
 """
 
 from __future__ import annotations
@@ -16,15 +19,15 @@ import pprint
 import re
 import shutil
 import sys
+import tempfile
 from collections.abc import Generator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
-from pytest_ptn.backends.pte import PteLowered
 from pytest_ptn.harness import Case
-from pytest_ptn.session import RUN_STATE
+from pytest_ptn.session import FAILING_PROGRAM, RUN_STATE
 
 if TYPE_CHECKING:
     import torch
@@ -40,9 +43,9 @@ is a bundle."""
 ARTIFACT = "artifact"
 CALLS = "calls.safetensors"
 FAILURE = "failure.txt"
-PROGRAM_TEST = "test_program.py"
+PROGRAM_TEST = "reproducer.py"
+"""The program as a test to paste into a backend's own suite; named so that pytest does not collect it."""
 REPRO_SCRIPT = "repro.py"
-RUNTIME_SCRIPT = "runtime_calls.py"
 REPORT_SECTION = "ptn repro bundle"
 
 CASE_FIXTURE = "ptn_case"
@@ -88,9 +91,9 @@ class BundleWriter:
         """Outermost, so it sees the verdict after xfail and SHOULD handling: a known failure gets a bundle
         too (it is still a bug for someone to fix); a skip does not."""
         report = yield
-        case = getattr(item, "funcargs", {}).get(CASE_FIXTURE)
+        case = failing_case(item)
         failed = report.failed or hasattr(report, "wasxfail")
-        if report.when == "call" and call.excinfo is not None and failed and isinstance(case, Case):
+        if report.when == "call" and call.excinfo is not None and failed and case is not None:
             spec = item.callspec.params[BACKEND_PARAM]  # type: ignore[attr-defined]
             versions = item.config.stash[RUN_STATE].availability[spec].versions
             bundle = write_bundle(self.folder, spec, case, versions)
@@ -101,6 +104,24 @@ class BundleWriter:
                 f.write(f"{item.nodeid}\n{verdict}{report.longreprtext}\n\n")
             report.sections.append((REPORT_SECTION, str(bundle)))
         return report
+
+
+def failing_case(item: pytest.Item) -> Case | None:
+    """The case a failed test ran: its ``ptn_case``, or for the fuzz test the program it failed on."""
+    funcargs = getattr(item, "funcargs", {})
+    case = funcargs.get(CASE_FIXTURE)
+    if isinstance(case, Case):
+        return case
+    program = item.stash.get(FAILING_PROGRAM, None)
+    backend = funcargs.get(BACKEND_PARAM)
+    if program is None or backend is None:
+        return None
+    from pytest_ptn.expectations import FUZZ_SCENARIO
+    from pytest_ptn.spec import Scenario
+
+    return Case(
+        backend, Scenario(FUZZ_SCENARIO, "", program), lambda name: Path(tempfile.mkdtemp(prefix=name))
+    )
 
 
 def write_bundle(root: Path, spec: str, case: Case, versions: dict[str, str]) -> Path:
@@ -125,17 +146,17 @@ def write_bundle(root: Path, spec: str, case: Case, versions: dict[str, str]) ->
         (bundle / REPRO_SCRIPT).write_text(
             repro_script(spec, type(case.backend), case.scenario.name, spec_of_program)
         )
-    if isinstance(lowered, PteLowered):
-        (bundle / RUNTIME_SCRIPT).write_text(runtime_script(lowered, artifact, case.eager()))
+    if lowered is not None:
+        in_bundle = {attribute: f"{ARTIFACT}/{name}" for attribute, name in artifact.items()}
+        for name, text in lowered.bundle_scripts(CALLS, in_bundle, case.eager()).items():
+            (bundle / name).write_text(text)
     return bundle
 
 
 def copy_artifact(lowered: Lowered, into: Path) -> dict[str, str]:
-    """Copy what the backend wrote (``Lowered.path``, and a ``.pte``'s ``.ptd``); the names, by attribute."""
+    """Copy what the backend wrote (``Lowered.files``); the names, by attribute."""
     into.mkdir()
-    files = {"path": lowered.path}
-    if isinstance(lowered, PteLowered) and lowered.data_path is not None:
-        files["data_path"] = lowered.data_path
+    files = lowered.files()
     for source in files.values():
         if source.is_dir():
             shutil.copytree(source, into / source.name)
@@ -204,9 +225,8 @@ def bundled_lowered(case: Case, bundle: Path) -> Lowered:
         return lowered
     if _digest(lowered.path) != _digest(bundle / ARTIFACT / artifact["path"]):
         print("note: lowering again wrote other bytes than the bundled artifact; replaying the bundled one")
-    lowered.path = bundle / ARTIFACT / artifact["path"]
-    if isinstance(lowered, PteLowered) and "data_path" in artifact:
-        lowered.data_path = bundle / ARTIFACT / artifact["data_path"]
+    for attribute, name in artifact.items():
+        setattr(lowered, attribute, bundle / ARTIFACT / name)
     return lowered
 
 
@@ -229,6 +249,42 @@ def import_root(cls: type) -> str | None:
     return str(file.parents[depth])
 
 
+def replay(case: Case, lowered: Lowered, calls: list[EagerCall]) -> list[str]:
+    """Every way the bundled lowering still fails, as lines to print (none: it passes): the calls replayed
+    on a fresh load (E1, E3-E5), the sharing topology where the backend shows one (S1-S3), and the methods
+    loaded in reverse order (S5): topology and calls again."""
+    from pytest_ptn.backend import Capability
+
+    lines: list[str] = []
+    mismatches = case.run_sequence(case.backend.load(lowered), calls)
+    if mismatches:
+        lines += ["outputs differ from eager:", *(f"  {m}" for m in mismatches)]
+    names = list(case.program.method_names)
+    backward = case.backend.load(lowered)
+    for method in reversed(names):
+        backward.load_method(method)
+    if Capability.STORAGE in case.backend.capabilities:
+        from pytest_ptn.check.storage import partition, storage_findings, topology
+
+        programs = case.exported()
+        forward = case.backend.load(lowered)
+        for method in names:
+            forward.load_method(method)
+        storages = topology(forward, programs)
+        wrong = storage_findings(storages, programs)
+        if wrong:
+            lines += ["the loader's sharing topology is wrong:", *(f"  {f}" for f in wrong)]
+        if partition(topology(backward, programs)) != partition(storages):
+            lines.append("the sharing topology depends on the order methods load in (S5)")
+    reverse = case.run_sequence(backward, calls)
+    if reverse and not mismatches:
+        lines += [
+            "outputs differ from eager when methods load in reverse order:",
+            *(f"  {m}" for m in reverse),
+        ]
+    return lines
+
+
 def repro_script(spec: str, cls: type, scenario: str, program_spec: ProgramSpec) -> str:
     root = import_root(cls) if ":" in spec else None
     program = pprint.pformat(program_spec, width=100).replace("\n", "\n" + " " * len("SPEC = "))
@@ -236,17 +292,20 @@ def repro_script(spec: str, cls: type, scenario: str, program_spec: ProgramSpec)
 
 Needs torch (executorch for an executorch backend) and pytest-ptn, not the run: `python {REPRO_SCRIPT}`
 from any folder. The program is lowered again only for what the backend keeps beside its file; the bundled
-artifact is what gets loaded. Every difference from eager is printed; the exit status is 1 if there is one.
+artifact is what gets loaded. It replays the calls, checks the sharing topology (where the backend shows one)
+and loads the methods in reverse order; every difference is printed, and the exit status is 1 while there is
+one.
 """
 
 import sys
 import tempfile
+import traceback
 from pathlib import Path
 
 from pytest_ptn import *  # noqa: F403  ProgramSpec and its parts
 from pytest_ptn.backend import resolve_backend
 from pytest_ptn.harness import Case
-from pytest_ptn.reporting.repro import bundled_lowered, read_calls
+from pytest_ptn.reporting.repro import bundled_lowered, read_calls, replay
 
 BACKEND = {spec!r}
 BACKEND_IMPORT_ROOT = {root!r}
@@ -260,73 +319,20 @@ def main() -> int:
         sys.path.append(BACKEND_IMPORT_ROOT)
     backend = resolve_backend(BACKEND)()
     with tempfile.TemporaryDirectory() as scratch:
-        case = Case(backend, Scenario(SCENARIO, "", SPEC), lambda name: Path(scratch))
-        loaded = backend.load(bundled_lowered(case, here))
-        mismatches = case.run_sequence(loaded, read_calls(here / {CALLS!r}))
-    if not mismatches:
-        print(f"{{BACKEND}} x {{SCENARIO}}: every call matches eager; the failure ({FAILURE}) is elsewhere")
+        case = Case(backend, Scenario(SCENARIO, "", SPEC), lambda name: Path(tempfile.mkdtemp(dir=scratch)))
+        try:
+            found = replay(case, bundled_lowered(case, here), read_calls(here / {CALLS!r}))
+        except Exception:
+            traceback.print_exc()
+            print(f"{{BACKEND}} x {{SCENARIO}} fails: the backend raised (above)")
+            return 1
+    if not found:
+        print(f"{{BACKEND}} x {{SCENARIO}}: every call matches eager and the sharing topology holds: fixed?")
         return 0
-    print("outputs differ from eager:")
-    for mismatch in mismatches:
-        print(f"  {{mismatch}}")
+    print("\\n".join(found))
     return 1
 
 
 if __name__ == "__main__":
     sys.exit(main())
-'''
-
-
-def runtime_script(lowered: PteLowered, artifact: dict[str, str], calls: list[EagerCall]) -> str:
-    """The calls unrolled one a line, each method loaded on first use as the harness loads it."""
-    data = f', data_path=HERE / "{ARTIFACT}" / {artifact["data_path"]!r}' if "data_path" in artifact else ""
-    lines = []
-    for i, call in enumerate(calls):
-        mutations = lowered.methods[call.method].input_mutations
-        outputs = iter(range(len(call.outputs)))
-        expected = [
-            f"{i}/inputs_after/{mutations[o]}" if o in mutations else f"{i}/outputs/{next(outputs)}"
-            for o in range(len(call.outputs) + len(mutations))
-        ]
-        if call.method not in {c.method for c in calls[:i]}:
-            lines.append(f"methods[{call.method!r}] = program.load_method({call.method!r})")
-        inputs = ", ".join(f'calls["{i}/inputs/{j}"].clone()' for j in range(len(call.inputs)))
-        lines.append(f"outputs = methods[{call.method!r}].execute([{inputs}])")
-        lines.append(f"differences += compare({i}, {call.method!r}, outputs, {expected!r})")
-    body = "\n".join(lines)
-    return f'''"""The replay of {REPRO_SCRIPT} through executorch.runtime alone, one call a line: what a C++
-runtime engineer translates (Runtime::get(), Program::load_method, Method::execute). A method that mutates
-an input returns it as an extra output, compared with the input eager left behind (`inputs_after`).
-"""
-
-from pathlib import Path
-
-import torch
-from executorch.runtime import Runtime
-from safetensors.torch import load_file
-
-HERE = Path(__file__).resolve().parent
-calls = load_file(HERE / {CALLS!r})
-program = Runtime.get().load_program(HERE / "{ARTIFACT}" / {artifact["path"]!r}{data})
-methods = {{}}
-differences = 0
-
-
-def compare(call, method, outputs, expected):
-    """Print each output that differs from the eager tensor stored under its key; return how many."""
-    if len(outputs) != len(expected):
-        print(f"call #{{call}} {{method}}(): {{len(outputs)}} outputs, eager gives {{len(expected)}}")
-        return 1
-    found = 0
-    for have, key in zip(outputs, expected):
-        want = calls[key]
-        if have.shape != want.shape or not torch.allclose(have.to(want.dtype), want, rtol=1e-5, atol=1e-5):
-            shown = [have.reshape(-1)[:8].tolist(), want.reshape(-1)[:8].tolist()]
-            print(f"call #{{call}} {{method}}(): {{key}} is {{shown[0]}}, eager {{shown[1]}}")
-            found += 1
-    return found
-
-
-{body}
-raise SystemExit(1 if differences else 0)
 '''

@@ -7,6 +7,7 @@ with nothing but Python.
 from __future__ import annotations
 
 import json
+import re
 import reprlib
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -43,6 +44,9 @@ UNKNOWN_RULE = "?"
 failure so that no failed test is left out of the matrix."""
 UNKNOWN_RULE_TITLE = "rules unknown: a test failed"
 
+SHARD_FORMAT = re.compile(r"([1-9][0-9]*)/([1-9][0-9]*)")
+"""``K/N`` of ``--ptn-shard``, as results.json records it."""
+
 MAX_REASON_LINES = 40
 MAX_REASON_CHARS = 4000
 
@@ -64,16 +68,53 @@ class Result:
     repro: str
     seed: int | None
     nodeid: str
+    schedule: str | None = None
+    """The load schedule the test ran under (pytest_ptn.schedule), for the E tests; None elsewhere."""
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """How much of its selection a run checked: a report must never claim more than was checked.
+
+    ``stopped`` says why a run did not finish (None: it did); ``selected`` is None where it is unknown (a
+    merge missing a shard); ``shard`` is ``K/N`` for one shard of a ``--ptn-shard`` run.
+    """
+
+    selected: int | None
+    finished: int
+    stopped: str | None = None
+    shard: str | None = None
+
+    @property
+    def complete(self) -> bool:
+        return self.stopped is None
+
+    def headline(self) -> str:
+        """``INCOMPLETE: 121 of 274 selected tests finished; stopped: ...``, for every rendering."""
+        of = f" of {self.selected} selected" if self.selected is not None else ""
+        shard = f" (shard {self.shard})" if self.shard else ""
+        return f"INCOMPLETE{shard}: {self.finished}{of} tests finished; {self.stopped}"
 
 
 @dataclass
 class Results:
-    """A results document. `sources` lists the provenance of each run a merged document came from."""
+    """A results document. `sources` lists the provenance of each run a merged document came from; `run`
+    says whether the run (all of them, merged) finished, None in files written before it was recorded."""
 
     spec_version: str
     provenance: dict[str, str]
     results: list[Result]
     sources: list[dict[str, str]] = field(default_factory=list)
+    run: RunStatus | None = None
+
+    @property
+    def complete(self) -> bool:
+        return self.run is None or self.run.complete
+
+    @property
+    def incomplete_headline(self) -> str | None:
+        """What every rendering of an incomplete run opens with; None for a complete one."""
+        return self.run.headline() if self.run is not None and not self.run.complete else None
 
 
 def rule_sort_key(rule: str) -> tuple[int, str]:
@@ -113,6 +154,8 @@ def to_dict(doc: Results) -> dict[str, Any]:
     }
     if doc.sources:
         data["sources"] = [dict(s) for s in doc.sources]
+    if doc.run is not None:
+        data["run"] = {"complete": doc.run.complete, **asdict(doc.run)}
     return data
 
 
@@ -134,6 +177,7 @@ def from_dict(data: Any) -> Results:
             provenance={str(k): str(v) for k, v in data["provenance"].items()},
             results=results,
             sources=[{str(k): str(v) for k, v in s.items()} for s in data.get("sources", [])],
+            run=run_status(data["run"]) if "run" in data else None,
         )
     except (KeyError, TypeError, AttributeError) as exc:
         raise ResultsFormatError(f"malformed {SCHEMA} document: {exc}") from exc
@@ -150,7 +194,10 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "repro": (str,),
     "seed": (int, type(None)),
     "nodeid": (str,),
+    "schedule": (str, type(None)),
 }
+OPTIONAL_FIELDS = {"schedule": None}
+"""Fields a row written before they existed may lack, with the value that means."""
 
 
 def _result(index: int, row: Any) -> Result:
@@ -159,6 +206,7 @@ def _result(index: int, row: Any) -> Result:
     if not isinstance(row, dict):
         raise ResultsFormatError(f"{where} is not an object: {reprlib.repr(row)}")
     where += f" ({reprlib.repr(row.get('nodeid'))})"
+    row = {**OPTIONAL_FIELDS, **row}
     if set(row) != set(_FIELD_TYPES):
         fields = ", ".join(sorted(set(row) ^ set(_FIELD_TYPES)))
         raise ResultsFormatError(f"{where}: missing or unknown fields: {fields}")
@@ -172,6 +220,34 @@ def _result(index: int, row: Any) -> Result:
     if row["outcome"] not in OUTCOMES:
         raise ResultsFormatError(f"{where}: unknown outcome {reprlib.repr(row['outcome'])}")
     return Result(**row)
+
+
+def run_status(data: Any) -> RunStatus:
+    """The ``run`` object of a results document (or of a verdict stream's header and end)."""
+    if not isinstance(data, dict):
+        raise ResultsFormatError(f"run must be an object, not {reprlib.repr(data)}")
+    selected, finished = data.get("selected"), data.get("finished")
+    stopped, shard = data.get("stopped"), data.get("shard")
+    if not (selected is None or _count(selected)) or not _count(finished):
+        raise ResultsFormatError(f"run: selected and finished must be counts: {reprlib.repr(data)}")
+    if not (stopped is None or isinstance(stopped, str)):
+        raise ResultsFormatError(f"run: stopped must be text or null, not {reprlib.repr(stopped)}")
+    if shard is not None and not valid_shard(shard):
+        raise ResultsFormatError(
+            f"run: shard must be K/N with 1 <= K <= N, or null, not {reprlib.repr(shard)}"
+        )
+    if data.get("complete") is False and stopped is None:
+        raise ResultsFormatError("run: an incomplete run must say why it stopped")
+    return RunStatus(selected, data["finished"], stopped, shard)
+
+
+def valid_shard(value: Any) -> bool:
+    match = SHARD_FORMAT.fullmatch(value) if isinstance(value, str) else None
+    return match is not None and int(match[1]) <= int(match[2])
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def load(path: Path) -> Results:
@@ -189,8 +265,14 @@ def load(path: Path) -> Results:
         raise ResultsFormatError(f"{path}: {exc}") from exc
 
 
-def save(doc: Results, path: Path) -> None:
-    path.write_text(json.dumps(to_dict(doc), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+def save(doc: Results, path: Path, derived: dict[str, Any] | None = None) -> None:
+    """Written beside and renamed over ``path``: a reader never sees half a file, even after a kill.
+    ``derived``: what the renderings computed from the results (the causes), written beside them for
+    machines; reading a file ignores it, since it follows from the results."""
+    data = {**to_dict(doc), **(derived or {})}
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    partial.replace(path)
 
 
 # --- merge and diff -----------------------------------------------------------------------------------
@@ -220,7 +302,37 @@ def merge(docs: Sequence[Results]) -> Results:
     common = dict(sources[0])
     for source in sources[1:]:
         common = {k: v for k, v in common.items() if source.get(k) == v}
-    return Results(spec_versions.pop(), common, sort_results(rows.values()), sources)
+    return Results(spec_versions.pop(), common, sort_results(rows.values()), sources, merged_status(docs))
+
+
+def merged_status(docs: Sequence[Results]) -> RunStatus | None:
+    """The runs together: incomplete when one of them is, or when shards of a ``--ptn-shard`` run are
+    missing (named K/N: a shard that never reported is as unchecked as one that stopped). A shard given
+    again (run again after it stopped) replaces the earlier, as its rows do."""
+    runs = [d.run for d in docs if d.run is not None]
+    if not runs:
+        return None
+    by_shard = {run.shard: run for run in runs if run.shard}
+    runs = [run for run in runs if not run.shard] + [by_shard[s] for s in sorted(by_shard, key=_shard_key)]
+    shards = set(by_shard)
+    missing = [
+        f"{k}/{count}"
+        for count in sorted({int(shard.split("/")[1]) for shard in shards})
+        for k in range(1, count + 1)
+        if f"{k}/{count}" not in shards
+    ]
+    problems = [f"shard{'s' if len(missing) > 1 else ''} {', '.join(missing)} missing"] if missing else []
+    problems += [
+        f"{f'shard {run.shard}' if run.shard else 'a run'}: {run.stopped}" for run in runs if run.stopped
+    ]
+    counts = [run.selected for run in runs]
+    selected = None if missing or None in counts else sum(c for c in counts if c is not None)
+    return RunStatus(selected, sum(run.finished for run in runs), "; ".join(problems) or None)
+
+
+def _shard_key(shard: str) -> tuple[int, int]:
+    index, count = shard.split("/")
+    return int(count), int(index)
 
 
 def one_line(text: str, limit: int = 300) -> str:

@@ -6,22 +6,61 @@ deselected, largest first and back and forth over the shards, so the shards get 
 and about as many tests. The assignment depends only on what was collected, so N machines with the same
 suite and arguments split it without talking to each other, and their ``results.json`` merge
 (``python -m pytest_ptn report merge``) into the matrix of one unsharded run.
+
+``--ptn-shard=auto`` reads K/N from the parallel-job variables of the CI system the run is in (`CI_SHARDS`);
+where none is found it is a usage error, never a silent ``1/1`` that would run the whole suite N times.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
+from pytest_ptn.reporting.results import SHARD_FORMAT
 from pytest_ptn.scheduling import workers
 from pytest_ptn.session import RUN_STATE
 
 OPTION = "--ptn-shard"
-SHARD_FORMAT = re.compile(r"(\d+)/(\d+)")
+AUTO = "auto"
+K8S_TOTAL = "PTN_SHARD_TOTAL"
+"""The shard count of a Kubernetes Indexed Job, which gives each pod only its index: set it to the Job's
+``completions``."""
+
+
+@dataclass(frozen=True)
+class CiShards:
+    """Where one CI system says which of its parallel jobs this is: index and total variables, and whether
+    the index counts from 0."""
+
+    system: str
+    index: str
+    total: str
+    zero_based: bool
+
+
+CI_SHARDS = (
+    CiShards("GitLab CI (parallel:)", "CI_NODE_INDEX", "CI_NODE_TOTAL", zero_based=False),
+    CiShards("CircleCI (parallelism:)", "CIRCLE_NODE_INDEX", "CIRCLE_NODE_TOTAL", zero_based=True),
+    CiShards(
+        "Buildkite (parallelism:)", "BUILDKITE_PARALLEL_JOB", "BUILDKITE_PARALLEL_JOB_COUNT", zero_based=True
+    ),
+    CiShards(
+        "Azure Pipelines (parallel: / matrix)", "SYSTEM_JOBPOSITIONINPHASE", "SYSTEM_TOTALJOBSINPHASE", False
+    ),
+    CiShards("Semaphore (parallelism:)", "SEMAPHORE_JOB_INDEX", "SEMAPHORE_JOB_COUNT", zero_based=False),
+    CiShards(
+        "Bitbucket Pipelines (parallel)", "BITBUCKET_PARALLEL_STEP", "BITBUCKET_PARALLEL_STEP_COUNT", True
+    ),
+    CiShards("Kubernetes Indexed Job", "JOB_COMPLETION_INDEX", K8S_TOTAL, zero_based=True),
+)
+"""The CI systems ``--ptn-shard=auto`` knows, in the order they are looked for."""
+
+SHARD = pytest.StashKey["Shard"]()
+"""The run's shard, for the report (results.json records K/N so a merge can name a missing one)."""
 
 
 @dataclass(frozen=True)
@@ -42,7 +81,9 @@ def add_option(group: pytest.OptionGroup) -> None:
         metavar="K/N",
         help="run only shard K of N (1 <= K <= N): a deterministic 1/N of the (backend, scenario) cases, "
         "every test of a case on one shard; merge the shards' results.json with "
-        "`python -m pytest_ptn report merge`",
+        f"`python -m pytest_ptn report merge`. {AUTO}: K/N from the CI's parallel-job variables (GitLab, "
+        f"CircleCI, Buildkite, Azure Pipelines, Semaphore, Bitbucket; a Kubernetes Indexed Job with "
+        f"{K8S_TOTAL})",
     )
 
 
@@ -51,15 +92,50 @@ def parse(value: str) -> Shard:
     match = SHARD_FORMAT.fullmatch(value.strip())
     if match is None or not 1 <= int(match[1]) <= int(match[2]):
         raise pytest.UsageError(
-            f"{OPTION}={value}: expected K/N with whole numbers 1 <= K <= N, e.g. {OPTION}=2/3"
+            f"{OPTION}={value}: expected K/N with whole numbers 1 <= K <= N (or {AUTO}), e.g. {OPTION}=2/3"
         )
     return Shard(int(match[1]), int(match[2]))
 
 
+def from_environment(env: Mapping[str, str]) -> tuple[Shard, str]:
+    """The shard the CI environment gives this job, and where it came from (for the header)."""
+    found: list[tuple[Shard, str]] = []
+    for ci in CI_SHARDS:
+        index, total = env.get(ci.index), env.get(ci.total)
+        if index is None and total is None:
+            continue
+        if index is None or total is None:
+            unset = ci.index if index is None else ci.total
+            setting = "set it to the Job's completions" if unset == K8S_TOTAL else "is this job parallel?"
+            raise pytest.UsageError(
+                f"{OPTION}={AUTO}: {ci.system}: {ci.total if index is None else ci.index} is set but {unset} "
+                f"is not ({setting})"
+            )
+        where = f"{ci.system}: {ci.index}={index}, {ci.total}={total}"
+        if not (index.isdigit() and total.isdigit()):
+            raise pytest.UsageError(f"{OPTION}={AUTO}: {where}: expected whole numbers")
+        k, n = int(index) + ci.zero_based, int(total)
+        if not 1 <= k <= n:
+            first = 0 if ci.zero_based else 1
+            raise pytest.UsageError(f"{OPTION}={AUTO}: {where}: the index must be {first}..{n - 1 + first}")
+        found.append((Shard(k, n), where))
+    if not found:
+        systems = "; ".join(f"{ci.system} {ci.index}/{ci.total}" for ci in CI_SHARDS)
+        raise pytest.UsageError(
+            f"{OPTION}={AUTO}: no CI parallel-job variables here (looked for {systems}); give {OPTION}=K/N"
+        )
+    if len({shard for shard, _ in found}) > 1:
+        raise pytest.UsageError(f"{OPTION}={AUTO}: CI variables disagree: {'; '.join(w for _, w in found)}")
+    return found[0]
+
+
 def configure(config: pytest.Config) -> None:
     value = config.getoption("ptn_shard")
-    if value is not None:
-        config.pluginmanager.register(Sharding(parse(value), config), "ptn-shard")
+    if value is None:
+        return
+    shard, source = from_environment(os.environ) if value.strip() == AUTO else (parse(value), None)
+    config.stash[SHARD] = shard
+    config.pluginmanager.register(Sharding(shard, config, source), "ptn-shard")
 
 
 def unit_of(item: pytest.Item) -> str:
@@ -86,13 +162,15 @@ def assign(units: dict[str, int], count: int) -> dict[str, int]:
 class Sharding:
     """Deselects the tests of the other shards, and says in the header which shard runs how many cases."""
 
-    def __init__(self, shard: Shard, config: pytest.Config):
+    def __init__(self, shard: Shard, config: pytest.Config, source: str | None = None):
         self.shard = shard
         self.config = config
+        self.source = source
         self.described = False
 
     def pytest_report_header(self) -> str:
-        return f"ptn: shard {self.shard} ({OPTION}): a deterministic 1/{self.shard.count} of the cases"
+        option = OPTION if self.source is None else f"{OPTION}={AUTO} from {self.source}"
+        return f"ptn: shard {self.shard} ({option}): a deterministic 1/{self.shard.count} of the cases"
 
     @pytest.hookimpl(trylast=True)  # after -k and -m: deal only what this run selected
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:

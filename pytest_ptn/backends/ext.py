@@ -1,0 +1,308 @@
+"""``--ptn-backend=ext:FLOW``: any TestFlow of ExecuTorch's own backend test suite as a backend.
+
+ExecuTorch's suite (``executorch.backends.test.suite.flow.all_flows()``) keeps a registry of every backend and
+recipe, each a tester factory whose stages hold the partitioners, edge compile config, passes and
+ToExecutorch config. That suite is single-method; here a flow lowers a multi-method program: its tester is
+built for each method and driven through its own ``to_edge_transform_and_lower`` and ``to_executorch``
+methods with the stage run intercepted, so what the tester really passes to each stage (a partitioner Arm's
+tester builds in a method, not a class default) is what lowers all methods at once. The result is a .pte
+loaded with ``executorch.runtime``, exactly as the ``pte`` backends load theirs.
+
+Importing the registry takes seconds and pulls in other toolchains (coremltools, the vulkan and webgpu
+testers): it happens only when an ``ext:`` backend is asked for, never when the plugin loads.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pytest_ptn import upstream_noise
+from pytest_ptn.backend import EXT_PREFIX, Availability, Backend, Capability, Loaded, package_version
+from pytest_ptn.backends.pte import PteLoaded, PteLowered, lower_to_pte
+
+if TYPE_CHECKING:
+    import torch
+    from torch.export import ExportedProgram
+
+REGISTRY_LOGGER = "executorch.backends.test.suite.flow"
+SKIPPED = re.compile(r"Skipping (?P<group>.+?) flow registration: (?P<why>.*)", re.S)
+"""What the registry logs for a group of flows it leaves out (its toolchain or SDK is missing)."""
+
+TOOLCHAINS: dict[str, tuple[str, ...]] = {
+    "openvino": ("openvino", "nncf"),
+    "coreml": ("coremltools",),
+    "arm": ("tosa-tools", "ethos-u-vela"),
+}
+"""Distributions, beyond executorch and torch, whose versions a flow's verdicts depend on, by the flow's
+``backend``: reported with its availability, so expectation files can require them."""
+
+
+@dataclass(frozen=True)
+class Registry:
+    """The flows registered in this environment, and each group of flows left out with why."""
+
+    flows: dict[str, Any]
+    """flow name -> executorch.backends.test.suite.flow.TestFlow"""
+    skipped: dict[str, str]
+    """group (as the registry names it: "OpenVINO", "QNN") -> why it was not registered."""
+
+    def why_not_registered(self, flow: str) -> str:
+        """The reason a flow of this name is missing: its group's, else every group's."""
+        key = _normalized(flow)
+        mine = {g: why for g, why in self.skipped.items() if key.startswith(_normalized(g))}
+        if mine:
+            group, why = next(iter(mine.items()))
+            return (
+                f"flow {flow!r} is not registered: executorch's test suite skipped its {group} flows: {why}"
+            )
+        left_out = "".join(f"; {g} flows skipped: {why}" for g, why in sorted(self.skipped.items()))
+        has = ", ".join(sorted(self.flows))
+        return f"no flow {flow!r} in executorch's test-suite registry (it has {has}){left_out}"
+
+
+@functools.cache
+def registry() -> Registry:
+    """``all_flows()``, once per process, with the reasons it logs for the groups it skips."""
+    skipped: dict[str, str] = {}
+    with upstream_noise.contained(), _no_root_handler_installed(), _records(REGISTRY_LOGGER) as records:
+        from executorch.backends.test.suite.flow import all_flows
+
+        flows = all_flows()
+    for record in records:
+        match = SKIPPED.match(record.getMessage())
+        if match:
+            skipped[match["group"]] = " ".join(match["why"].split())
+    return Registry(dict(flows), skipped)
+
+
+@functools.cache
+def runtime_delegates() -> frozenset[str]:
+    """The delegates this executorch runtime registers (the pip wheel: XNNPACK, OpenVINO, QNN)."""
+    with upstream_noise.contained():
+        from executorch.extension.pybindings import portable_lib
+
+        return frozenset(portable_lib._get_registered_backend_names())
+
+
+@dataclass
+class Wiring:
+    """What a flow's tester passes to ``to_edge_transform_and_lower`` and ``to_executorch``."""
+
+    partitioners: list[Any]
+    compile_config: Any
+    transform_passes: Any
+    constant_methods: dict[str, Any] | None
+    config: Any
+    """The ExecutorchBackendConfig: fresh for each lowering (a memory planning pass refuses reuse)."""
+
+
+def wiring(flow: Any, module: Any, inputs: tuple[Any, ...]) -> Wiring:
+    """Build the flow's tester for one method and read the stages its own methods create."""
+    tester = flow.tester_factory(module, inputs)
+    lower = _stage_of(tester, "to_edge_transform_and_lower")
+    to_executorch = _stage_of(tester, "to_executorch")
+    return Wiring(
+        list(lower.partitioners),
+        lower.edge_compile_conf,
+        getattr(lower, "transform_passes", None),  # the base stage has neither; Arm's has both
+        getattr(lower, "constant_methods", None),
+        to_executorch.config,
+    )
+
+
+def exported_method(ep: ExportedProgram) -> torch.nn.Module:
+    """An exported method as the module a tester is built with: ``ep.module()`` itself refuses the
+    ``eval()`` every tester calls, so it is held outside the module tree."""
+    import torch
+
+    class ExportedMethod(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.__dict__["program"] = ep
+
+        def forward(self, *args: Any) -> Any:
+            return self.__dict__["program"].module()(*args)
+
+    return ExportedMethod()
+
+
+def _stage_of(tester: Any, step: str) -> Any:
+    """The stage ``tester.<step>()`` would run, built by the tester itself but not run: the tester hands every
+    stage to ``_run_stage``, which is intercepted for the call."""
+    built: list[Any] = []
+
+    def keep(stage: Any, *args: Any, **kwargs: Any) -> Any:
+        built.append(stage)
+        return tester
+
+    tester._run_stage = keep
+    try:
+        getattr(tester, step)()
+    finally:
+        del tester._run_stage
+    return built[0]
+
+
+def delegates_of(partitioners: list[Any]) -> set[str]:
+    """The runtime backends (``CoreMLBackend``) these partitioners delegate to, by their delegation specs; a
+    partitioner without one that wraps another (WebGPU's wraps Vulkan's) delegates to what it wraps."""
+    found: set[str] = set()
+    for p in partitioners:
+        spec = getattr(p, "delegation_spec", None)
+        if spec is not None:
+            found.add(spec.backend_id)
+        else:
+            found |= delegates_of([v for v in vars(p).values() if hasattr(v, "partition")])
+    return found
+
+
+class ExtFlowBackend(Backend):
+    """One TestFlow of the registry; ``flow_backend(name)`` makes the class for a flow name."""
+
+    flow_name: ClassVar[str]
+    capabilities = frozenset({Capability.EXECUTE})
+
+    @classmethod
+    def flow(cls) -> Any:
+        return registry().flows[cls.flow_name]
+
+    @classmethod
+    def availability(cls) -> Availability:
+        """Said before any test: the flow is not registered (its toolchain or SDK is missing), quantizes,
+        cannot write a .pte, or lowers to a delegate this runtime lacks (which would fail every load: 0x20).
+        Importing the registry is the price of asking: only an ``ext:`` backend ever pays it."""
+        if importlib.util.find_spec("executorch") is None:
+            return Availability(False, "executorch is not installed")
+        found = registry()
+        if cls.flow_name not in found.flows:
+            return Availability(False, found.why_not_registered(cls.flow_name))
+        flow = cls.flow()
+        dists = ("executorch", "torch", *TOOLCHAINS.get(flow.backend, ()))
+        versions = {d: v for d in dists if (v := package_version(d)) is not None}
+        if flow.quantize:
+            why = (
+                f"flow {flow.name!r} quantizes: quantized recipes are not run yet (each method must be "
+                "quantized before export, and checked against its converted modules, not float eager)"
+            )
+            return Availability(False, why, versions)
+        if not flow.supports_serialize:
+            why = f"flow {flow.name!r} has supports_serialize=False: it cannot write a .pte to load"
+            return Availability(False, why, versions)
+        try:
+            import torch
+
+            with upstream_noise.contained():
+                delegates = delegates_of(wiring(flow, torch.nn.Identity(), (torch.zeros(1),)).partitioners)
+        except Exception as e:
+            why = (
+                f"building flow {flow.name!r}'s tester failed: {type(e).__name__}: {' '.join(str(e).split())}"
+            )
+            return Availability(False, why, versions)
+        missing = sorted(delegates - runtime_delegates())
+        if missing:
+            has = ", ".join(sorted(runtime_delegates())) or "none"
+            why = f"flow {flow.name!r} lowers, but this runtime has no {', '.join(missing)} (it has: {has})"
+            return Availability(False, why, versions)
+        return Availability(True, versions=versions)
+
+    def lower(self, programs: dict[str, ExportedProgram], workdir: Path) -> PteLowered:
+        flow = self.flow()
+        with upstream_noise.contained():
+            wired = {
+                m: wiring(flow, exported_method(ep), tuple(ep.example_inputs[0]))
+                for m, ep in programs.items()
+            }
+        first = next(iter(wired.values()))
+        return lower_to_pte(
+            programs,
+            workdir,
+            partitioners={m: w.partitioners for m, w in wired.items()},
+            config=first.config,
+            transform_passes=first.transform_passes,
+            compile_config=first.compile_config,
+            constant_methods=first.constant_methods,
+        )
+
+    def load(self, lowered: Any) -> Loaded:
+        assert isinstance(lowered, PteLowered)
+        return PteLoaded(lowered)
+
+
+def listing() -> list[tuple[str, type[ExtFlowBackend] | None, str]]:
+    """What ``list backends`` shows of the registry: (name, class, why not registered) for every registered
+    flow (class set, reason empty), then one row per group of flows the registry skipped (class None)."""
+    if importlib.util.find_spec("executorch") is None:
+        return [(f"{EXT_PREFIX}*", None, "executorch is not installed")]
+    found = registry()
+    rows: list[tuple[str, type[ExtFlowBackend] | None, str]] = [
+        (f"{EXT_PREFIX}{name}", flow_backend(name), "") for name in sorted(found.flows)
+    ]
+    for group, why in sorted(found.skipped.items()):
+        name = re.sub(r"[^a-z0-9]+", "_", group.lower())
+        rows.append((f"{EXT_PREFIX}{name}*", None, f"{group} flows not registered: {why}"))
+    return rows
+
+
+@functools.cache
+def flow_backend(flow: str) -> type[ExtFlowBackend]:
+    """The backend class of ``ext:<flow>``: one per flow name, so a run and its workers agree on it."""
+    return type(
+        f"ExtFlowBackend_{flow}",
+        (ExtFlowBackend,),
+        {
+            "name": f"{EXT_PREFIX}{flow}",
+            "flow_name": flow,
+            "__module__": __name__,
+            "__doc__": ExtFlowBackend.__doc__,
+        },
+    )
+
+
+@contextmanager
+def _no_root_handler_installed() -> Iterator[None]:
+    """Importing the flows imports modules that call ``logging.basicConfig()`` (the XNNPACK partitioner):
+    with the root logger still bare (pytest adds its handlers later), that would print every later warning
+    of the host's run to stderr. A placeholder root handler makes it a no-op, and drops what is logged
+    while importing (coremltools' notices about versions it was not tested with)."""
+    root, placeholder = logging.getLogger(), logging.NullHandler()
+    root.addHandler(placeholder)
+    try:
+        yield
+    finally:
+        root.removeHandler(placeholder)
+
+
+@contextmanager
+def _records(logger_name: str) -> Iterator[list[logging.LogRecord]]:
+    """The records one logger emits while inside (at INFO and above, whatever its level was)."""
+    logger = logging.getLogger(logger_name)
+    handler = _Kept()
+    records = handler.records
+    logger.addHandler(handler)
+    propagate, logger.propagate = logger.propagate, False  # kept here: said once, in availability
+    try:
+        yield records
+    finally:
+        logger.propagate = propagate
+        logger.removeHandler(handler)
+
+
+class _Kept(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def _normalized(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", name.lower())

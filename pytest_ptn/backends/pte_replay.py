@@ -1,0 +1,70 @@
+"""A ``.pte`` repro bundle's extra script: the calls replayed through ``executorch.runtime`` alone, one a
+line, which a C++ runtime engineer translates without reading pytest-ptn."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pytest_ptn.backends.pte import PteLowered
+    from pytest_ptn.programs.build import EagerCall
+
+SCRIPT = "runtime_calls.py"
+
+
+def runtime_script(
+    lowered: PteLowered, calls_file: str, files: dict[str, str], calls: Sequence[EagerCall]
+) -> str:
+    """The calls unrolled one a line, each method loaded on first use as the harness loads it."""
+    data = f", data_path=HERE / {files['data_path']!r}" if "data_path" in files else ""
+    lines = []
+    for i, call in enumerate(calls):
+        mutations = lowered.methods[call.method].input_mutations
+        outputs = iter(range(len(call.outputs)))
+        expected = [
+            f"{i}/inputs_after/{mutations[o]}" if o in mutations else f"{i}/outputs/{next(outputs)}"
+            for o in range(len(call.outputs) + len(mutations))
+        ]
+        if call.method not in {c.method for c in calls[:i]}:
+            lines.append(f"methods[{call.method!r}] = program.load_method({call.method!r})")
+        inputs = ", ".join(f'calls["{i}/inputs/{j}"].clone()' for j in range(len(call.inputs)))
+        lines.append(f"outputs = methods[{call.method!r}].execute([{inputs}])")
+        lines.append(f"differences += compare({i}, {call.method!r}, outputs, {expected!r})")
+    body = "\n".join(lines)
+    return f'''"""The bundle's calls replayed through executorch.runtime alone, one call a line: what a C++
+runtime engineer translates (Runtime::get(), Program::load_method, Method::execute). A method that mutates
+an input returns it as an extra output, compared with the input eager left behind (`inputs_after`).
+"""
+
+from pathlib import Path
+
+import torch
+from executorch.runtime import Runtime
+from safetensors.torch import load_file
+
+HERE = Path(__file__).resolve().parent
+calls = load_file(HERE / {calls_file!r})
+program = Runtime.get().load_program(HERE / {files["path"]!r}{data})
+methods = {{}}
+differences = 0
+
+
+def compare(call, method, outputs, expected):
+    """Print each output that differs from the eager tensor stored under its key; return how many."""
+    if len(outputs) != len(expected):
+        print(f"call #{{call}} {{method}}(): {{len(outputs)}} outputs, eager gives {{len(expected)}}")
+        return 1
+    found = 0
+    for have, key in zip(outputs, expected):
+        want = calls[key]
+        if have.shape != want.shape or not torch.allclose(have.to(want.dtype), want, rtol=1e-5, atol=1e-5):
+            shown = [have.reshape(-1)[:8].tolist(), want.reshape(-1)[:8].tolist()]
+            print(f"call #{{call}} {{method}}(): {{key}} is {{shown[0]}}, eager {{shown[1]}}")
+            found += 1
+    return found
+
+
+{body}
+raise SystemExit(1 if differences else 0)
+'''

@@ -1,0 +1,78 @@
+"""When a backend's tensor equals eager's: the one bound every comparison of the suite and check_program uses
+(outputs, state, S4, E5's first calls, fuzz, repro bundles).
+
+A backend computes a program in the program's dtype, as eager does, but it may round at other points
+(fused kernels, another accumulation order, a wider accumulator). So "equal" cannot mean a fixed 1e-5 for a
+bf16 program, whose results are only good to about 2**-8 of their magnitude. For an element ``e`` of eager's
+result, ``w`` the same element when eager runs the same program (same values, exactly widened) in float64,
+and ``have`` the backend's, the two agree when
+
+    |have - e| <= FLOOR * (1 + |e|) + 2 * eps(dtype) * |e| + 2 * max |e - w|
+
+- ``2 * eps * |e|``: eager and the backend each round the result to the dtype once; the two roundings can
+  land a step (``eps * |e|`` at most, for round-to-nearest) apart each way. This is the one bf16 step (0.0078
+  near 1) a correct bf16 backend shows on part of its elements.
+- ``2 * max |e - w|``, the max over the tensor: how far eager's own arithmetic in the dtype moved its
+  results from the float64 ones (rounding of intermediates, accumulated through the program). A correct
+  backend rounds at other points and in another order, so its error is as large but falls on other elements:
+  each of the two results is within that distance of the float64 one, so they are within twice it of each
+  other. (Per element it would not hold: where eager happens to land on the float64 value, a correct
+  backend still shows the program's typical error, a few bf16 steps after two transformer layers.)
+- ``FLOOR``: the float32 bound of conformance spec v1 (1e-5, absolute and relative), below which float32 and
+  wider programs are equal, as they always were.
+
+No wide run is needed where the dtype is float32 or wider (``|e - w|`` is then far below FLOOR). Integer and
+bool results are compared exactly, and so are values no arithmetic touched (E5: a buffer as loaded).
+
+What stays visible: another method's same-named tensor, a private copy of shared state, a zeroed buffer change
+an element by the size of the values themselves, while the bound for bf16 is about 1.6% of the element plus
+eager's own noise at it; tests/test_comparison.py shows each broken reference variant is still caught on the
+bf16 and fp16 scenarios.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+FLOOR = 1e-5
+"""Absolute and relative: the float32 bound of conformance spec v1."""
+
+WIDE_DTYPE = "float64"
+"""The dtype eager reruns a reduced-precision program in, to measure its own rounding."""
+
+
+def reduced_precision(t: torch.Tensor) -> bool:
+    """A floating dtype coarser than float32 (bf16, fp16, the float8s): its results need a wide run."""
+    import torch
+
+    return t.is_floating_point() and torch.finfo(t.dtype).eps > torch.finfo(torch.float32).eps
+
+
+def allowed(want: torch.Tensor, wide: torch.Tensor | None = None) -> torch.Tensor:
+    """The largest difference from ``want`` (eager) each element may show, in float64 (see the module)."""
+    import torch
+
+    e = want.detach().to(torch.float64)
+    eps = torch.finfo(want.dtype).eps if want.is_floating_point() else 0.0
+    bound = FLOOR * (1 + e.abs()) + 2 * eps * e.abs()
+    if wide is not None and wide.shape == want.shape and want.numel():
+        bound = bound + 2 * (e - wide.detach().to(torch.float64)).abs().max()
+    return bound
+
+
+def close(have: torch.Tensor, want: torch.Tensor, wide: torch.Tensor | None = None) -> torch.Tensor:
+    """Elementwise: ``have`` equals ``want`` within the bound (same shape required; NaN equals NaN)."""
+    import torch
+
+    if not (want.is_floating_point() or want.is_complex()):
+        return have.detach().to(want.dtype) == want.detach()
+    h, e = have.detach().to(torch.float64), want.detach().to(torch.float64)
+    return ((h - e).abs() <= allowed(want, wide)) | (h.isnan() & e.isnan())
+
+
+def equal(have: torch.Tensor, want: torch.Tensor, wide: torch.Tensor | None = None) -> bool:
+    """``have`` has ``want``'s shape and every element within the bound."""
+    return have.shape == want.shape and bool(close(have, want, wide).all())

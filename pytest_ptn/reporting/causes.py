@@ -1,0 +1,222 @@
+"""Failures grouped by cause: one bug that fails forty tests is one line to read first, not forty.
+
+A failing test's text carries evidence of what went wrong, in the words the harness and the checks write:
+a method that read another method's tensor of the same name ("it read method 'prefill''s 'weight'"), two
+keys with other bytes in one allocation, a crash (signal and step), a lowering error, an exception. Tests
+whose evidence names the same defect form one cause. A test with only a symptom (outputs differ, topology
+differs) joins the cause proven in its own (backend, scenario) when exactly one is; otherwise tests with
+the same symptom form a cause of their own.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pytest_ptn.reporting.matrix import Finding, findings
+from pytest_ptn.reporting.reasons import headline, strip_noise
+from pytest_ptn.reporting.results import FAIL, XPASS, Result, rule_sort_key
+from pytest_ptn.ruleset import STRICT_XPASS_PREFIX
+
+BY_NAME = "constants shared by name"
+SHARES_DIFFERING = "different constants share storage"
+NOT_SHARED = "identical constants not shared"
+MEMORY = "memory penalty"
+CROSS_PROGRAM = "data leaks between programs"
+CRASH = "crash"
+LOWERING = "lowering error"
+ERROR = "error"
+STALE = "stale expectation"
+SYMPTOM = "symptom"
+"""The kinds of cause; every kind but SYMPTOM is evidence of a defect, SYMPTOM only shows one."""
+
+_READ_OTHER = re.compile(
+    r"call #\d+ (?P<method>[^\s(]+)\(\).*?it read method '(?P<owner>[^']*)''s '(?P<key>[^']*)'"
+)
+_SHARED = re.compile(
+    r"method '(?P<method>[^']*)': key '(?P<key>[^']*)' shares storage with method '(?P<owner>[^']*)''s "
+    r"'(?P<owner_key>[^']*)', other bytes"
+)
+_CRASH = re.compile(
+    r"crashed: the worker process was (?P<how>.+?)(?: while (?P<step>lowering|loading|running) .*)?$"
+)
+_CRASHED_EARLIER = re.compile(
+    r"(?P<step>lowering|loading|running) .* crashed earlier in this run, not retried: the worker was "
+    r"(?P<how>.+?) in \S+$"
+)
+_LOWERING = re.compile(r"lowering failed: (?P<error>.+)$")
+_EXCEPTION = re.compile(r"^(?P<error>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit): .+)$")
+_LEAK = "reads the first program's data"
+_NOT_SHARED = re.compile(r"identical constants .* occupy \d+ allocations")
+_MEMORY = "peak constant memory"
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What one failing test shows: the kind of defect, what identifies it, and the line that says so."""
+
+    kind: str
+    key: tuple[str, ...]
+    summary: str
+
+    @property
+    def proves(self) -> bool:
+        return self.kind != SYMPTOM
+
+
+@dataclass
+class Cause:
+    """Failing tests of one backend that one defect explains."""
+
+    number: int
+    evidence: Evidence
+    backend: str
+    found: list[Finding] = field(default_factory=list)
+    joined: int = 0
+    """How many of ``found`` showed only a symptom and were joined to this cause by their case."""
+
+    @property
+    def summary(self) -> str:
+        return self.evidence.summary
+
+    @property
+    def example(self) -> Finding:
+        """The first test (canonical order) that shows the evidence itself, not only a symptom."""
+        own = [f for f in self.found if evidence_of(f.result).key == self.evidence.key]
+        return (own or self.found)[0]
+
+    @property
+    def rules(self) -> Counter[str]:
+        counts = Counter(rule for f in self.found for rule in f.rules)
+        return Counter(dict(sorted(counts.items(), key=lambda item: rule_sort_key(item[0]))))
+
+    @property
+    def scenarios(self) -> list[str]:
+        return sorted({f.result.scenario for f in self.found if f.result.scenario})
+
+    @property
+    def tests(self) -> list[str]:
+        return [f.result.nodeid for f in self.found]
+
+    def explains(self) -> str:
+        """`47 tests (E1 x11, S2 x11, ...) on 11 scenarios`: what a reader weighs the cause by."""
+        rules = ", ".join(f"{rule} x{n}" for rule, n in self.rules.items())
+        scenarios = self.scenarios
+        on = f" on {len(scenarios)} scenario{'s' * (len(scenarios) != 1)}" if scenarios else ""
+        test_word = "test" if len(self.found) == 1 else "tests"
+        return f"{len(self.found)} {test_word} ({rules}){on}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "number": self.number,
+            "kind": self.evidence.kind,
+            "backend": self.backend,
+            "summary": self.summary,
+            "rules": dict(self.rules),
+            "scenarios": self.scenarios,
+            "tests": self.tests,
+            "joined_by_case": self.joined,
+            "example": self.example.result.nodeid,
+            "reproduce": self.example.result.repro,
+        }
+
+
+def normalized(message: str) -> str:
+    """An error message with what varies between programs (numbers, quoted names) left out."""
+    message = re.sub(r"'[^']*'|\"[^\"]*\"", "'…'", message)
+    return re.sub(r"\d+", "N", message)
+
+
+def evidence_of(result: Result) -> Evidence:
+    """What a failing result's text shows about its cause."""
+    text = result.reason
+    if result.outcome == XPASS or text.startswith(STRICT_XPASS_PREFIX):
+        return Evidence(STALE, (STALE,), "known failures now pass: remove their stale expectation entries")
+    read = _READ_OTHER.search(text)
+    if read:
+        return Evidence(
+            BY_NAME,
+            (BY_NAME,),
+            f"the loader binds constants by name across methods: method {read['method']!r} read method "
+            f"{read['owner']!r}'s {read['key']!r}, another tensor of that name",
+        )
+    shared = _SHARED.search(text)
+    if shared and shared["key"] == shared["owner_key"]:
+        return Evidence(
+            BY_NAME,
+            (BY_NAME,),
+            f"the loader binds constants by name across methods: method {shared['method']!r}'s "
+            f"{shared['key']!r} is method {shared['owner']!r}'s, other bytes in one allocation",
+        )
+    if shared:
+        return Evidence(
+            SHARES_DIFFERING,
+            (SHARES_DIFFERING,),
+            f"the loader shares constants whose bytes differ, not only same-named ones: method "
+            f"{shared['method']!r}'s {shared['key']!r} is method {shared['owner']!r}'s "
+            f"{shared['owner_key']!r}",
+        )
+    lines = [strip_noise(line.strip()) for line in text.splitlines() if line.strip()]
+    for line in lines:
+        crash = _CRASH.match(line) or _CRASHED_EARLIER.match(line)
+        if crash:
+            step = crash["step"] or "an unknown step"
+            return Evidence(CRASH, (CRASH, crash["how"], step), f"the worker was {crash['how']} while {step}")
+    first = lines[0] if lines else ""
+    lowering = _LOWERING.match(first)
+    if lowering:
+        error = normalized(lowering["error"])
+        return Evidence(LOWERING, (LOWERING, error), f"lowering fails: {headline(lowering['error'])}")
+    if _LEAK in text:
+        return Evidence(
+            CROSS_PROGRAM, (CROSS_PROGRAM,), "a second program in the process reads the first's data"
+        )
+    if _NOT_SHARED.search(text):
+        return Evidence(NOT_SHARED, (NOT_SHARED,), "identical constants of several methods are not shared")
+    if _MEMORY in text:
+        return Evidence(MEMORY, (MEMORY,), headline(text))
+    exception = _EXCEPTION.match(first)
+    if exception:
+        return Evidence(ERROR, (ERROR, normalized(exception["error"])), headline(exception["error"]))
+    said = first.removesuffix(":") or "fails"  # the header: a symptom's detail differs from test to test
+    return Evidence(SYMPTOM, (SYMPTOM, normalized(said)), said)
+
+
+def find_causes(results: Iterable[Result]) -> list[Cause]:
+    """The causes of every failed test (fail or xpass), largest first, numbered from 1."""
+    failing = findings(results, (FAIL, XPASS))
+    shown = [(f, evidence_of(f.result)) for f in failing]
+    across_names = {f.result.backend: ev for f, ev in shown if ev.kind == SHARES_DIFFERING}
+    # A loader that shares differing constants across names shows by-name reads too where names collide:
+    # one defect, the wider one.
+    shown = [(f, across_names.get(f.result.backend, ev) if ev.kind == BY_NAME else ev) for f, ev in shown]
+    proven: dict[tuple[str, str | None], set[tuple[str, ...]]] = {}
+    for f, ev in shown:
+        if ev.proves:
+            proven.setdefault((f.result.backend, f.result.scenario), set()).add(ev.key)
+    first_evidence: dict[tuple[str, tuple[str, ...]], Evidence] = {}
+    for f, ev in shown:
+        first_evidence.setdefault((f.result.backend, ev.key), ev)
+    groups: dict[tuple[str, tuple[str, ...]], Cause] = {}
+    for f, ev in shown:
+        key, joined = ev.key, False
+        if not ev.proves:
+            in_case = proven.get((f.result.backend, f.result.scenario), set())
+            if len(in_case) == 1:
+                key, joined = next(iter(in_case)), True
+        ev = first_evidence[(f.result.backend, key)]
+        cause = groups.setdefault((f.result.backend, ev.key), Cause(0, ev, f.result.backend))
+        cause.found.append(f)
+        cause.joined += joined
+    ordered = sorted(groups.values(), key=lambda c: (-len(c.found), rule_sort_key(next(iter(c.rules)))))
+    for number, cause in enumerate(ordered, 1):
+        cause.number = number
+    return ordered
+
+
+def cause_of(causes: list[Cause]) -> dict[tuple[str, str], int]:
+    """(nodeid, backend) -> the number of the cause that explains that failing test."""
+    return {(f.result.nodeid, f.result.backend): c.number for c in causes for f in c.found}

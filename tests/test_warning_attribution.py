@@ -1,0 +1,37 @@
+"""An upstream warning is counted under the package whose code raised it, also when its stack level points
+into the standard library (a deprecated class re-created by ``copyreg`` while a program is copied)."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+from typing_extensions import deprecated
+
+from pytest_ptn import upstream_noise
+
+
+class Deprecated:
+    def __new__(cls) -> Deprecated:
+        warnings.warn("Deprecated is deprecated", FutureWarning, stacklevel=2)  # the caller: copyreg
+        return super().__new__(cls)
+
+    def __reduce_ex__(self, protocol: object) -> tuple[object, ...]:
+        return (Deprecated, ())
+
+
+@deprecated("Wrapped is deprecated", category=FutureWarning)
+class Wrapped:
+    """Deprecated as torch deprecates its classes: the decorator's ``__new__`` warns for it."""
+
+    def __reduce_ex__(self, protocol: object) -> tuple[object, ...]:
+        return (Wrapped, ())
+
+
+def test_a_warning_a_stdlib_frame_is_blamed_for_counts_under_its_caller() -> None:
+    tally = upstream_noise.Tally()
+    with upstream_noise.contained(tally):
+        copy.deepcopy(Deprecated.__new__(Deprecated))  # deepcopy -> copyreg -> Deprecated.__new__
+        copy.deepcopy(Wrapped.__new__(Wrapped))  # the decorator's __new__ warns, blaming copy
+        warnings.warn("plain", UserWarning, stacklevel=1)
+    assert tally.rows() == [("FutureWarning", __name__, 4), ("UserWarning", __name__, 1)]
