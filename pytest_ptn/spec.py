@@ -163,6 +163,24 @@ class ProgramSpec:
             self, methods=methods, shared=tuple(shift(c) for c in self.shared), seed=self.seed + offset
         )
 
+    def with_names(self, names: dict[str, str]) -> ProgramSpec:
+        """The same program with constants renamed ``old -> new`` (private and shared alike), reads and
+        writes following: what a program differing in names alone looks like."""
+
+        def rename(c: Constant) -> Constant:
+            return replace(c, name=names.get(c.name, c.name))
+
+        methods = tuple(
+            replace(
+                m,
+                constants=tuple(rename(c) for c in m.constants),
+                reads=tuple(names.get(r, r) for r in m.reads),
+                writes=tuple(replace(w, target=names.get(w.target, w.target)) for w in m.writes),
+            )
+            for m in self.methods
+        )
+        return replace(self, methods=methods, shared=tuple(rename(c) for c in self.shared))
+
     def shared_constant(self, name: str) -> Constant | None:
         return next((c for c in self.shared if c.name == name), None)
 

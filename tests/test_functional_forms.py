@@ -4,8 +4,6 @@ decomposing the same graph again."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import torch
 
@@ -93,24 +91,6 @@ def test_a_caller_rewriting_its_graph_leaves_the_form_intact(decompositions: lis
     assert len(decompositions) == 1
 
 
-def _renamed(spec: ProgramSpec, names: dict[str, str]) -> ProgramSpec:
-    """``spec`` with constants renamed (private and shared alike), reads and writes following."""
-
-    def c(constant: Constant) -> Constant:
-        return replace(constant, name=names.get(constant.name, constant.name))
-
-    methods = tuple(
-        replace(
-            m,
-            constants=tuple(c(k) for k in m.constants),
-            reads=tuple(names.get(r, r) for r in m.reads),
-            writes=tuple(replace(w, target=names.get(w.target, w.target)) for w in m.writes),
-        )
-        for m in spec.methods
-    )
-    return replace(spec, methods=methods, shared=tuple(c(k) for k in spec.shared))
-
-
 NAMED = ProgramSpec(
     methods=(
         Method(
@@ -145,7 +125,7 @@ def test_a_program_with_other_names_gets_the_form_under_its_own_names(
     forms = FunctionalForms(size=8)
     for ep in Program(NAMED).export().values():
         forms.functional(ep)
-    program = Program(_renamed(NAMED, names))
+    program = Program(NAMED.with_names(names))
     before = len(decompositions)
     for method in program.method_names:  # each from its own export: running one mutates shared state
         got = forms.functional(program.export()[method])

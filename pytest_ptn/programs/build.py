@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from pytest_ptn.comparison import reduced_precision
+from pytest_ptn.programs.export_forms import EXPORT_FORMS
 from pytest_ptn.spec import SHARED, Constant, Method, ProgramSpec
 
 
@@ -137,6 +138,41 @@ class MethodModule(nn.Module):
         return torch.stack(terms)
 
 
+_TRACED_VALUES = ("literal", "scalar")
+"""Families whose values are in the exported graph (a scalar's float) or minted by export from them."""
+
+
+def export_key(spec: ProgramSpec, method: Method) -> tuple[str | None, tuple[str, ...]]:
+    """What ``method``'s export depends on besides its constants' names and tensor values, and the FQN of
+    each constant by position (programs.export_forms): the root's constants and the method's own by family,
+    dtype, shape and persistence (a literal's or scalar's values too), what it reads and writes by
+    position, its input and the root's second path. None for a method torch may export differently under
+    other names (a branch's subgraphs, torchao's quantized linears)."""
+    own = method.constants
+    if method.branch is not None or any(c.family == "int8_linear" for c in (*spec.shared, *own)):
+        return None, ()
+
+    def slot(c: Constant) -> tuple[object, ...]:
+        values = (c.values, c.seed) if c.family in _TRACED_VALUES else ()
+        return (c.family, c.dtype, c.shape, c.persistent, values)
+
+    position = {c.name: ("s", i) for i, c in enumerate(spec.shared)}
+    position |= {c.name: ("m", i) for i, c in enumerate(own)}
+    roots = (SHARED, *((spec.shared_alias,) if spec.shared_alias is not None else ()))
+    key = (
+        spec.dtype,
+        len(roots),
+        tuple(map(slot, spec.shared)),
+        tuple(map(slot, own)),
+        tuple(position[n] for n in method.reads),
+        tuple((position[w.target], w.op) for w in method.writes),
+        method.input_shape,
+        method.mutates_input,
+    )
+    fqns = tuple(f"{root}.{c.name}" for root in roots for c in spec.shared) + tuple(c.name for c in own)
+    return repr(key), fqns
+
+
 @dataclass
 class EagerCall:
     """What eager PyTorch did on one call of the sequence."""
@@ -190,7 +226,8 @@ class Program:
         out = {}
         for name, module in self.modules().items():
             if methods(name):
-                out[name] = torch.export.export(module, self.example_inputs(name), strict=False)
+                key, fqns = export_key(self.spec, self.spec.method(name))
+                out[name] = EXPORT_FORMS.export(module, self.example_inputs(name), key, fqns)
         return out
 
     def state_fqns(self) -> dict[str, torch.Tensor]:

@@ -11,7 +11,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.export import ExportedProgram
@@ -201,13 +201,11 @@ class FunctionalForm:
         theirs = constant_names(ep)
         placeholders = {mine: their for (mine, _), (their, _) in zip(self.names, theirs, strict=True)}
         keys = {mine: their for (_, mine), (_, their) in zip(self.names, theirs, strict=True)}
-        graph_module = copy.deepcopy(self.graph_module)
-        if placeholders != {p: p for p in placeholders}:
-            _rename_placeholders(graph_module, placeholders)
+        root, graph = private_copy(self.graph_module, placeholders)
         return ExportedProgram(
-            root=graph_module,
-            graph=graph_module.graph,
-            graph_signature=_renamed_signature(self.graph_signature, placeholders, keys),
+            root=root,
+            graph=graph,
+            graph_signature=renamed_signature(self.graph_signature, placeholders, keys),
             state_dict=dict(ep.state_dict),
             range_constraints=copy.deepcopy(self.range_constraints),
             module_call_graph=copy.deepcopy(self.module_call_graph),
@@ -314,7 +312,7 @@ def form_key(ep: ExportedProgram) -> str:
     call = [
         (e.fqn, e.signature and (e.signature.in_spec, e.signature.out_spec)) for e in ep.module_call_graph
     ]
-    signature = _renamed_signature(ep.graph_signature, placeholders, keys)
+    signature = renamed_signature(ep.graph_signature, placeholders, keys)
     # Decomposition orders constant inputs by the module that holds them.
     owners = [k.rpartition(".")[0] for _, k in names]
     h.update(f"{owners}\0".encode())
@@ -329,22 +327,43 @@ def _substitute(code: str, names: dict[str, str]) -> str:
     return pattern.sub(lambda m: names[m.group(1)], code)
 
 
-def _rename_placeholders(graph_module: torch.fx.GraphModule, names: dict[str, str]) -> None:
+def private_copy(
+    graph_module: torch.fx.GraphModule, placeholders: dict[str, str]
+) -> tuple[torch.fx.GraphModule | dict[str, Any], torch.fx.Graph]:
+    """A copy of ``graph_module``'s graph with placeholders renamed ``old -> new``, and the root an
+    ExportedProgram of its own takes with it: a lowering may rewrite both. A graph without submodules is
+    copied node by node on an empty root and compiled once, by ExportedProgram (a deep copy compiles it
+    twice more: copying and renaming cost three times what the copy does); a graph's own metadata is the
+    root's (ExportedProgram keeps a GraphModule root's)."""
+    if next(graph_module.children(), None) is not None:
+        root = copy.deepcopy(graph_module)
+        rename_placeholders(root.graph, placeholders)
+        return root, root.graph
+    graph = torch.fx.Graph()
+    value, output = cast(
+        "tuple[Any, torch.fx.Node]", graph.graph_copy(graph_module.graph, {}, return_output_node=True)
+    )
+    graph.output(value, type_expr=output.type).meta = copy.copy(output.meta)
+    rename_placeholders(graph, placeholders)
+    root = torch.fx.GraphModule({}, torch.fx.Graph())
+    root.meta.update(graph_module.meta)
+    return root, graph
+
+
+def rename_placeholders(graph: torch.fx.Graph, names: dict[str, str]) -> None:
     """Rename placeholders ``old -> new`` all at once (``names`` may swap two), as torch's own placeholder
     naming pass does, keeping the graph's namespace in step."""
-    graph = graph_module.graph
     nodes = [n for n in graph.find_nodes(op="placeholder") if n.name in names]
     others = {n.name for n in graph.nodes} - set(names)
     taken = others & {names[n.name] for n in nodes}
     if taken:
-        raise AssertionError(f"placeholder names {sorted(taken)} are taken in {graph_module.code}")
+        raise AssertionError(f"placeholder names {sorted(taken)} are taken in {graph}")
     for node in [(n, names[n.name]) for n in nodes]:
         node[0].name = node[0].target = node[1]
         graph._graph_namespace._rename_object(node[0], node[1])
-    graph_module.recompile()
 
 
-def _renamed_signature(
+def renamed_signature(
     signature: ExportGraphSignature, placeholders: dict[str, str], keys: dict[str, str]
 ) -> ExportGraphSignature:
     """A copy of ``signature`` with placeholder names and constant keys replaced."""
