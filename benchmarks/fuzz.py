@@ -31,6 +31,10 @@ from hypothesis import given, settings
 from pytest_ptn.backend import resolve_backend
 from pytest_ptn.harness import check_spec
 from pytest_ptn.programs import exported
+try:
+    from pytest_ptn.programs.export_forms import EXPORT_FORMS
+except ImportError:  # a tree from before export forms: every method traced
+    EXPORT_FORMS = None
 from pytest_ptn.programs.catalogue import BY_NAME
 from pytest_ptn.strategies import program_specs
 
@@ -61,6 +65,8 @@ def check(spec):
 
 check(BY_NAME["single_method"].spec)  # warm: imports, the first export and lowering
 counts.update(methods=0, decomposed=0)
+if EXPORT_FORMS is not None:
+    EXPORT_FORMS.exported = EXPORT_FORMS.reused = 0
 failures.clear()
 profile = settings.get_profile("ptn-ci")
 examples = int(sys.argv[2]) or profile.max_examples
@@ -76,7 +82,8 @@ def run(spec):
 t0 = time.perf_counter()
 run()
 print(json.dumps({"programs": len(seconds), "seconds": sum(seconds), "wall": time.perf_counter() - t0,
-                  "failed": failed[0], **counts, "first_failure": failures[:1]}))
+                  "failed": failed[0], **counts, "first_failure": failures[:1],
+                  "exports_reused": EXPORT_FORMS.reused if EXPORT_FORMS is not None else 0}))
 """
 """Run in each tree's environment: its strategies, harness and backends."""
 
@@ -127,6 +134,7 @@ def main() -> None:
                         f"{best['seconds']:.1f} s",
                         f"{best['programs'] / best['seconds']:.2f}/s",
                         f"{reused:.0%} of {best['methods']:.0f}",
+                        f"{best['exports_reused'] / best['methods']:.0%}" if best["methods"] else "-",
                         "; ".join(str(r["load"]) for r in runs[tree.side]),
                     ]
                 )
@@ -138,6 +146,7 @@ def main() -> None:
         "test cases",
         "programs/s (best)",
         "methods reusing a form",
+        "reusing an export",
         "load",
     ]
     print(table(headers, rows))
