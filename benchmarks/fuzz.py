@@ -16,6 +16,7 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
@@ -90,13 +91,17 @@ print(json.dumps({"programs": len(seconds), "seconds": sum(seconds), "wall": tim
 
 def measure(tree: Tree, backend: str, examples: int) -> dict[str, float]:
     load = loadavg()
-    proc = subprocess.run(
-        [sys.executable, "-c", CHILD, backend, str(examples)],
-        env=tree.env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    # From an empty folder: ``python -c`` puts the working directory first on sys.path, which made both
+    # sides import the checkout the script was started in.
+    with tempfile.TemporaryDirectory(prefix="ptn-fuzz-") as empty:
+        proc = subprocess.run(
+            [sys.executable, "-c", CHILD, backend, str(examples)],
+            cwd=empty,
+            env=tree.env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
     if proc.returncode:
         raise SystemExit(f"{tree.side} {backend}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
     result = json.loads(proc.stdout.splitlines()[-1])

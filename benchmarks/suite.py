@@ -128,9 +128,11 @@ def editable_finder() -> tuple[str, dict[str, str]]:
 def tree_env(root: Path, shim: Path) -> dict[str, str]:
     """Environment whose ``import pytest_ptn`` and ``pytest_ptn.conformance`` resolve inside ``root``:
     ``PYTHONPATH`` alone finds ``root/pytest_ptn`` but leaves the suite to the editable finder, which maps
-    it to this checkout's ``conformance/``, so a ``sitecustomize`` remaps the finder too."""
+    it to the installed checkout's ``conformance/`` (this one, or another worktree's), so a
+    ``sitecustomize`` remaps the finder too."""
     finder, mapping = editable_finder()
-    remapped = {name: str(root / Path(path).relative_to(ROOT)) for name, path in mapping.items()}
+    installed = Path(mapping["pytest_ptn"]).parent
+    remapped = {name: str(root / Path(path).relative_to(installed)) for name, path in mapping.items()}
     shim.mkdir(parents=True)
     (shim / "sitecustomize.py").write_text(
         f'"""Written by benchmarks/suite.py: the editable install of pytest-ptn points at {root}."""\n'
