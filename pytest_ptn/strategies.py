@@ -46,13 +46,17 @@ NAMES = (
     "_scale_1",
     "proj",
     "embedding",
+    "k_cache",
+    "freqs_cos",
+    "mask",
 )
 """Constant names: the users' own (``weight``, ``kv``), the tensor constants torch mints per method
 (``_tensor_constant<i>``; ``lifted_tensor_<i>`` is left to the literals, which get it: a buffer of that name
 beside a literal fails torch's own ``run_decompositions`` with "`lifted_tensor_0` is not a buffer", a torch
 bug every backend would show), the scalars ExecuTorch lifts
 (``_lifted_tensor_constant<i>``) and the constants quantization mints per method (``_frozen_param<i>``,
-``_scale_<i>``, ``_zero_point_<i>``), as names of parameters, buffers and attributes, so they collide
+``_scale_<i>``, ``_zero_point_<i>``) and the leaf names of the zoo's upstream models (llama's KV cache,
+rope tables and mask), as names of parameters, buffers and attributes, so they collide
 across methods and with what a backend mints itself."""
 
 
