@@ -24,7 +24,7 @@ def calibrated_only(module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> nn.M
 
 
 def test_the_truth_is_the_converted_modules_with_calibration_undone_and_state_shared() -> None:
-    program = Program(BY_NAME["quantized_kv_cache"].spec)
+    program = Program(BY_NAME["quantized_cache"].spec)
     quantized = QuantizedProgram(program, calibrated_only)
     for got, want in zip(quantized.eager(), program.eager(), strict=True):
         assert got.method == want.method

@@ -592,7 +592,7 @@ SCENARIOS += (
         QUANTIZABLE,
     ),
     _s(
-        "quantized_kv_cache",
+        "quantized_cache",
         "A shared KV cache `shared.kv` that `prefill` shifts a row into and both methods read, beside a "
         "private `proj` linear in each (quantized per method: colliding `_frozen_param0`); prefill first, "
         "as a runner calls them.",
