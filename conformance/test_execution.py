@@ -24,7 +24,7 @@ def _state_mismatches(case: Case, schedule: LoadSchedule) -> list[Mismatch]:
         state = loaded.state()
         for key, want in call.state_after.items():
             have = state.get(key)
-            if have is None or not equal(have, want, call.widened(key)):
+            if have is None or not equal(have, want, call.widened(key), case.tolerance):
                 shown = None if have is None else [round(v, 4) for v in have.reshape(-1).tolist()[:8]]
                 mismatches.append(
                     Mismatch(

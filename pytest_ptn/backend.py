@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from pytest_ptn import DISTRIBUTION
+from pytest_ptn.comparison import Tolerance
 
 if TYPE_CHECKING:
     import torch
@@ -40,6 +41,9 @@ class Capability(enum.Enum):
     """``Loaded.state()`` shows mutable buffers between calls (stronger E3-E5 checks)."""
     MEMORY = "memory"
     """``Loaded.constant_memory()`` measures what loading allocated for constants (S6)."""
+    QUANTIZE = "quantize"
+    """Lowering quantizes each method first (``Backend.quantize``): the truth is the converted per-method
+    modules, compared within ``Backend.tolerance``, on the quantization-friendly scenarios only."""
 
 
 @dataclass(frozen=True)
@@ -144,6 +148,9 @@ class Loaded(ABC):
 class Backend(ABC):
     name: ClassVar[str]
     capabilities: ClassVar[frozenset[Capability]]
+    tolerance: ClassVar[Tolerance | None] = None
+    """What a backend that quantizes (Capability.QUANTIZE) may differ by from its converted modules, beyond
+    the dtype's bound (pytest_ptn.comparison): declared by the backend, with its derivation."""
 
     @classmethod
     @abstractmethod
@@ -153,6 +160,12 @@ class Backend(ABC):
     def unsupported(self, scenario: Scenario) -> str | None:
         """Why this backend cannot express ``scenario`` at all (reported as not applicable), or None."""
         return None
+
+    def quantize(self, method: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> torch.nn.Module:
+        """One method's module quantized by the backend's recipe (Capability.QUANTIZE), calibrated with
+        ``inputs``: what ``lower`` is then given, exported, and what eager runs as the truth. Calibration may
+        write the module's buffers; the caller restores them."""
+        raise NotImplementedError(f"{type(self).__name__} does not quantize")
 
     @abstractmethod
     def lower(self, programs: dict[str, torch.export.ExportedProgram], workdir: Path) -> Lowered:

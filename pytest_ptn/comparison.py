@@ -21,6 +21,11 @@ and ``have`` the backend's, the two agree when
 - ``FLOOR``: the float32 bound of conformance spec v1 (1e-5, absolute and relative), below which float32 and
   wider programs are equal, as they always were.
 
+A backend that quantizes each method (Capability.QUANTIZE) is compared with its own converted per-method
+modules, not the float program; it computes them with integer kernels that round activations on their own
+(a quantized value one step from the converted module's), so it declares what that may cost, a
+``Tolerance`` (``Backend.tolerance``, with its derivation), added to the bound: ``+ atol + rtol * |e|``.
+
 No wide run is needed where the dtype is float32 or wider (``|e - w|`` is then far below FLOOR). Integer and
 bool results are compared exactly, and so are values no arithmetic touched (E5: a buffer as loaded).
 
@@ -32,6 +37,7 @@ bf16 and fp16 scenarios.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -44,6 +50,19 @@ WIDE_DTYPE = "float64"
 """The dtype eager reruns a reduced-precision program in, to measure its own rounding."""
 
 
+@dataclass(frozen=True)
+class Tolerance:
+    """What a quantizing backend's results may differ by from its converted modules, beyond the dtype's bound:
+    ``atol + rtol * |e|`` per element. ``derivation`` says where the numbers come from (shown in failures)."""
+
+    atol: float
+    rtol: float
+    derivation: str
+
+    def __str__(self) -> str:
+        return f"atol {self.atol:g} + rtol {self.rtol:g} (declared by the backend: {self.derivation})"
+
+
 def reduced_precision(t: torch.Tensor) -> bool:
     """A floating dtype coarser than float32 (bf16, fp16, the float8s): its results need a wide run."""
     import torch
@@ -51,7 +70,9 @@ def reduced_precision(t: torch.Tensor) -> bool:
     return t.is_floating_point() and torch.finfo(t.dtype).eps > torch.finfo(torch.float32).eps
 
 
-def allowed(want: torch.Tensor, wide: torch.Tensor | None = None) -> torch.Tensor:
+def allowed(
+    want: torch.Tensor, wide: torch.Tensor | None = None, tolerance: Tolerance | None = None
+) -> torch.Tensor:
     """The largest difference from ``want`` (eager) each element may show, in float64 (see the module)."""
     import torch
 
@@ -60,19 +81,31 @@ def allowed(want: torch.Tensor, wide: torch.Tensor | None = None) -> torch.Tenso
     bound = FLOOR * (1 + e.abs()) + 2 * eps * e.abs()
     if wide is not None and wide.shape == want.shape and want.numel():
         bound = bound + 2 * (e - wide.detach().to(torch.float64)).abs().max()
+    if tolerance is not None:
+        bound = bound + tolerance.atol + tolerance.rtol * e.abs()
     return bound
 
 
-def close(have: torch.Tensor, want: torch.Tensor, wide: torch.Tensor | None = None) -> torch.Tensor:
+def close(
+    have: torch.Tensor,
+    want: torch.Tensor,
+    wide: torch.Tensor | None = None,
+    tolerance: Tolerance | None = None,
+) -> torch.Tensor:
     """Elementwise: ``have`` equals ``want`` within the bound (same shape required; NaN equals NaN)."""
     import torch
 
     if not (want.is_floating_point() or want.is_complex()):
         return have.detach().to(want.dtype) == want.detach()
     h, e = have.detach().to(torch.float64), want.detach().to(torch.float64)
-    return ((h - e).abs() <= allowed(want, wide)) | (h.isnan() & e.isnan())
+    return ((h - e).abs() <= allowed(want, wide, tolerance)) | (h.isnan() & e.isnan())
 
 
-def equal(have: torch.Tensor, want: torch.Tensor, wide: torch.Tensor | None = None) -> bool:
+def equal(
+    have: torch.Tensor,
+    want: torch.Tensor,
+    wide: torch.Tensor | None = None,
+    tolerance: Tolerance | None = None,
+) -> bool:
     """``have`` has ``want``'s shape and every element within the bound."""
-    return have.shape == want.shape and bool(close(have, want, wide).all())
+    return have.shape == want.shape and bool(close(have, want, wide, tolerance).all())

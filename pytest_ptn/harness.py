@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     import torch
 
     from pytest_ptn.backend import Backend, Loaded, Lowered
+    from pytest_ptn.comparison import Tolerance
     from pytest_ptn.programs.build import EagerCall
     from pytest_ptn.programs.user import UserScenario
     from pytest_ptn.spec import ProgramSpec, Scenario
@@ -72,12 +73,28 @@ class Case:
 
     @cached_property
     def program(self) -> ProgramUnderTest:
+        """The program as the backend lowers it, and its truth: a backend that quantizes gets each method
+        quantized by its recipe, checked against the converted modules (pytest_ptn.programs.quantized)."""
         from pytest_ptn.programs.build import Program
+        from pytest_ptn.programs.quantized import QuantizedProgram
         from pytest_ptn.programs.user import UserScenario
 
         if isinstance(self.scenario, UserScenario):
             return self.scenario.program
+        if self.quantized:
+            return QuantizedProgram(Program(self.scenario.spec), self.backend.quantize)
         return Program(self.scenario.spec)
+
+    @property
+    def quantized(self) -> bool:
+        from pytest_ptn.backend import Capability
+
+        return Capability.QUANTIZE in self.backend.capabilities
+
+    @property
+    def tolerance(self) -> Tolerance | None:
+        """What the backend declares its quantized results may differ by (None: the dtype's bound alone)."""
+        return self.backend.tolerance if self.quantized else None
 
     def exported(self) -> dict[str, torch.export.ExportedProgram]:
         """Fresh programs to inspect (never the ones the backend lowered), functionalized so that their
@@ -150,7 +167,7 @@ class Case:
 
     def read_names(self, method: str) -> list[str]:
         """What each output value of ``method`` reads; nothing for a user program (a failure shows values)."""
-        if self.catalogue_spec is None:
+        if self.catalogue_spec is None or self.catalogue_spec.vectors:  # a vector's values read several
             return []
         m = self.catalogue_spec.method(method)
         return [*m.reads, *(["cond"] if m.branch else [])] or ["x.sum()"]
@@ -162,7 +179,7 @@ class Case:
 
         from pytest_ptn.programs.build import make_tensor, weighted_sum
 
-        if self.catalogue_spec is None:
+        if self.catalogue_spec is None or self.catalogue_spec.vectors:
             return {}
         dtype = getattr(torch, self.catalogue_spec.dtype)
         xs = float(inputs[0].sum())
@@ -200,20 +217,32 @@ class Case:
                 )
                 continue
             names = self.read_names(call.method)
+            tolerance = self.tolerance
             for want, have, wide in zip(call.outputs, got, call.output_bounds(), strict=True):
-                if not equal(have, want, wide):
-                    ok = close(have, want, wide) if have.shape == want.shape else None
+                if not equal(have, want, wide, tolerance):
+                    ok = close(have, want, wide, tolerance) if have.shape == want.shape else None
                     detail = _describe(names, want, have, ok, self._owners(call.method, call.inputs))
-                    mismatches.append(Mismatch(i, call.method, detail))
+                    mismatches.append(Mismatch(i, call.method, detail + self._read_elsewhere(i, have, calls)))
             wide_after = call.wide.inputs_after if call.wide is not None else (None,) * len(given)
             for j, (want, have, wide) in enumerate(zip(call.inputs_after, given, wide_after, strict=True)):
-                if not equal(have, want, wide):
+                if not equal(have, want, wide, tolerance):
                     mismatches.append(
                         Mismatch(
                             i, call.method, f"input {j} after the call is {_fmt(have)}, eager {_fmt(want)}"
                         )
                     )
         return mismatches
+
+    def _read_elsewhere(self, call: int, have: torch.Tensor, calls: list[EagerCall]) -> str:
+        """For a quantized program: whose same-named quantized constant (``_frozen_param0``) the output is
+        what reading gives ("" when none explains it, or the program is not quantized)."""
+        from pytest_ptn.programs.quantized import QuantizedProgram
+
+        program = self.program
+        if not isinstance(program, QuantizedProgram):
+            return ""
+        found = program.read_elsewhere(call, have, self.tolerance, calls)
+        return "".join(f": it read method {method!r}'s {key!r}" for method, key in found[:1])
 
 
 def _describe(

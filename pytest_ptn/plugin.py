@@ -17,7 +17,7 @@ import pytest
 from _pytest.reports import TestReport
 
 from pytest_ptn import expectations, hookspecs, stopping, upstream_noise
-from pytest_ptn.backend import Backend, BackendError, availability_of, resolve_backend
+from pytest_ptn.backend import Backend, BackendError, Capability, availability_of, resolve_backend
 from pytest_ptn.programs import catalogue, zoo
 from pytest_ptn.reporting import collect, repro
 from pytest_ptn.ruleset import (
@@ -311,11 +311,31 @@ def ptn_case(
     skip_if_not_applicable(request.node, ptn_backend)
     if "torchao" in ptn_scenario.needs and importlib.util.find_spec("torchao") is None:
         pytest.skip(not_applicable(f"{ptn_scenario.name} needs torchao (pip install torchao)"))
+    mismatch = quantization_mismatch(ptn_backend, ptn_scenario.tags)
+    if mismatch:
+        pytest.skip(not_applicable(f"{ptn_backend.name} on {ptn_scenario.name}: {mismatch}"))
     reason = ptn_backend.unsupported(ptn_scenario) if isinstance(ptn_scenario, Scenario) else None
     if reason:
         pytest.skip(not_applicable(f"{ptn_backend.name} cannot express {ptn_scenario.name}: {reason}"))
     state = request.config.stash[RUN_STATE]
     return Case(ptn_backend, ptn_scenario, lambda name: tmp_path_factory.mktemp(name), state.lowerings)
+
+
+def quantization_mismatch(backend: Backend, tags: frozenset[str]) -> str | None:
+    """Why a scenario with ``tags`` does not apply to ``backend``: one that quantizes each method runs only
+    the quantization-friendly scenarios (catalogue.QUANTIZABLE), a float backend every other one."""
+    quantizes = Capability.QUANTIZE in backend.capabilities
+    if quantizes and catalogue.QUANTIZABLE not in tags:
+        return (
+            f"it quantizes each method, and this program is not quantization-friendly (scenarios tagged "
+            f"{catalogue.QUANTIZABLE!r} are: linear layers, no 0-d intermediate)"
+        )
+    if not quantizes and catalogue.QUANTIZABLE in tags:
+        return (
+            "a quantization-friendly program, for backends that quantize each method; its float collisions, "
+            "shared weights and KV cache are in the other scenarios"
+        )
+    return None
 
 
 @pytest.fixture
@@ -326,6 +346,9 @@ def ptn_fuzz(request: pytest.FixtureRequest, ptn_backend: Backend) -> Callable[[
     import pytest_ptn.strategies  # noqa: F401  registers the profiles
 
     skip_if_not_applicable(request.node, ptn_backend)
+    if Capability.QUANTIZE in ptn_backend.capabilities:
+        name = ptn_backend.name
+        pytest.skip(not_applicable(f"{name} quantizes each method; generated programs compute 0-d sums"))
     profile = settings.get_profile(request.config.getoption("ptn_fuzz_profile"))
     run_seed = request.config.stash[RUN_STATE].seed
 

@@ -75,7 +75,8 @@ if TYPE_CHECKING:
 
 class {cls}(ReferenceBackend):
     name = "{name}"
-    capabilities = frozenset(Capability)  # drop those your backend cannot show (see `list rules`)
+    # drop those your backend cannot show (see `list rules`); QUANTIZE only with a quantize() of your own
+    capabilities = frozenset(Capability) - {{Capability.QUANTIZE}}
 
     @classmethod
     def availability(cls) -> Availability:

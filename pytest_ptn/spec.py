@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 SHARED = "shared"
 """Owner of constants that live on the root module and so keep one FQN (``shared.<name>``) in every method."""
 
-FAMILIES = ("parameter", "buffer", "attribute", "literal", "scalar", "int8_linear")
+FAMILIES = ("parameter", "buffer", "attribute", "literal", "scalar", "int8_linear", "linear")
 """How a constant enters the program, and so which name the toolchain gives it:
 
 - ``parameter``/``buffer``: registered on a module, named by FQN (``w``, ``shared.kv``);
@@ -19,10 +19,13 @@ FAMILIES = ("parameter", "buffer", "attribute", "literal", "scalar", "int8_linea
 - ``scalar``: a Python float in ``forward``, lifted by ExecuTorch to ``_lifted_tensor_constant<i>``;
 - ``int8_linear``: a bias-free ``nn.Linear`` of shape (out, in) quantized by torchao's int8 weight-only
   config, so its constants are ``<name>.parametrizations.weight.original0..2`` (int8 data, scale, zero point);
-  reading it applies it to ``x``.
+  reading it applies it to ``x``;
+- ``linear``: a float ``nn.Linear`` of shape (out, in) with a bias, in a program of ``vectors``: a backend
+  that quantizes (Capability.QUANTIZE) folds its weight per method into ``_frozen_param<i>``, with
+  ``_scale_<i>``/``_zero_point_<i>``; reading it applies it to ``x``.
 """
 
-WRITE_OPS = ("add", "copy", "index_copy")
+WRITE_OPS = ("add", "copy", "index_copy", "shift")
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 """What a program may compute in (ProgramSpec.dtype)."""
 
@@ -53,7 +56,9 @@ class Constant:
 @dataclass(frozen=True)
 class Write:
     """An in-place update of a buffer: ``add`` adds ``x.sum()``, ``copy`` fills with it, ``index_copy`` writes
-    ``x`` as the row ``argmax(x) % rows`` (a KV-cache update)."""
+    ``x`` as the row ``argmax(x) % rows`` (a KV-cache update), ``shift`` moves the rows up one and writes
+    ``x`` as the last row (a sliding-window KV cache, no 0-d index: the one write of a program of
+    ``vectors``)."""
 
     target: str
     op: str = "add"
@@ -96,7 +101,12 @@ class ProgramSpec:
     ``dtype`` is what the program computes in: its inputs, and the arithmetic on every constant it reads (a
     bf16 program rounds as a bf16 LLM does). ``shared_alias`` names a second attribute of every method's
     module that holds the shared root too, so each shared tensor has two FQNs (``shared.w``, ``<alias>.w``),
-    as llama's ``rope`` hangs off the model and every layer."""
+    as llama's ``rope`` hangs off the model and every layer.
+
+    ``vectors``: each method returns its reads as vectors, concatenated (a linear's output, a buffer's rows
+    weighted by ``x``), computing no 0-d tensor, as a program of linear layers does: what quantizers expect
+    (static int8 XNNPACK cannot lower a 0-d tensor). Its inputs are one row, its writes ``shift``, its
+    tensors ``linear``s and 2-d buffers or parameters as wide as the input."""
 
     methods: tuple[Method, ...]
     shared: tuple[Constant, ...] = ()
@@ -104,6 +114,7 @@ class ProgramSpec:
     seed: int = 0
     dtype: str = "float32"
     shared_alias: str | None = None
+    vectors: bool = False
 
     def __post_init__(self) -> None:
         names = [m.name for m in self.methods]
@@ -125,6 +136,8 @@ class ProgramSpec:
                 if target is not None and target.family != "buffer":
                     msg = f"method {m.name!r} writes {w.target!r}, a {target.family}, not a buffer"
                     raise ValueError(msg)
+        for m in self.methods:
+            self._check_layout(m)
         for call in self.calls:
             if call not in names:
                 raise ValueError(f"call to unknown method {call!r}")
@@ -134,6 +147,25 @@ class ProgramSpec:
             not self.shared_alias.isidentifier() or self.shared_alias == SHARED
         ):
             raise ValueError(f"shared_alias {self.shared_alias!r}: an attribute name other than {SHARED!r}")
+
+    def _check_layout(self, m: Method) -> None:
+        """``linear`` only in a program of ``vectors``, whose methods take a row, write by ``shift`` only,
+        and read tensors as wide as that row (``shift`` needs that too)."""
+        constants = [*m.constants, *self.shared]
+        if not self.vectors:
+            if any(c.family == "linear" for c in constants) or any(w.op == "shift" for w in m.writes):
+                raise ValueError(f"method {m.name!r}: a linear or a shift write needs a program of vectors")
+            return
+        where = f"method {m.name!r} of a program of vectors"
+        if len(m.input_shape) != 2 or m.input_shape[0] != 1 or m.mutates_input or m.branch is not None:
+            raise ValueError(f"{where}: its input is one row (1, n), not mutated, and it has no branch")
+        if any(w.op != "shift" for w in m.writes):
+            raise ValueError(f"{where}: writes by shift only (the others compute x.sum(), a 0-d tensor)")
+        for name in (*m.reads, *(w.target for w in m.writes)):
+            c = m.private(name) or self.shared_constant(name)
+            assert c is not None
+            if c.family not in ("linear", "buffer", "parameter") or c.shape[1:] != m.input_shape[1:]:
+                raise ValueError(f"{where}: {name!r} is a linear, or a buffer or parameter (rows, n)")
 
     @property
     def call_sequence(self) -> tuple[str, ...]:

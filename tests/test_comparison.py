@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pytest_ptn.comparison import FLOOR, allowed, equal
+from pytest_ptn.comparison import FLOOR, Tolerance, allowed, equal
 from pytest_ptn.plugin import suite_path
 from pytest_ptn.programs.build import Program
 from pytest_ptn.programs.catalogue import BY_NAME, REDUCED_PRECISION_OF
@@ -32,6 +32,16 @@ def test_eager_noise_widens_the_tensor_it_was_measured_on() -> None:
     assert equal(torch.tensor([1.0, 1.09]), want, wide)  # a correct backend's error falls elsewhere
     assert not equal(torch.tensor([1.0, 1.2]), want, wide)
     assert float(allowed(want).max()) < 0.02
+
+
+def test_a_declared_tolerance_adds_to_the_bound_and_no_more() -> None:
+    """A quantizing backend's Tolerance widens the float32 bound by atol + rtol * |e|: a one-step int8
+    difference is equal, another method's weights (an error the size of the values) are not."""
+    int8 = Tolerance(atol=0.1, rtol=0.04, derivation="test")
+    want = torch.tensor([0.0, 2.0, -5.0])
+    assert equal(want + torch.tensor([0.09, 0.17, -0.29]), want, tolerance=int8)
+    assert not equal(want + torch.tensor([0.0, 0.0, 0.35]), want, tolerance=int8)
+    assert not equal(want + torch.tensor([0.09, 0.0, 0.0]), want)
 
 
 def test_integers_are_exact() -> None:

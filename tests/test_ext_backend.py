@@ -1,7 +1,7 @@
 """``ext:<flow>``: ExecuTorch's backend test-suite flows as backends, wired from their testers' own stages.
 
 The first test that reads the registry pays for importing it (about 10 s: it imports every toolchain that is
-installed); the name and wiring tests need no registry.
+installed; naming an ``ext:`` backend reads it, to know if its flow quantizes); the wiring tests need none.
 """
 
 from __future__ import annotations
@@ -149,3 +149,20 @@ def test_a_flow_is_known_to_fail_exactly_as_the_pte_backend_it_matches(flow: str
     assert [(e.rule, e.scenario, e.reason) for e in ext_file.entries] == [
         (e.rule, e.scenario, e.reason) for e in pte_file.entries
     ]
+
+
+@pytest.mark.usefixtures("executorch")
+def test_a_quantized_method_reading_another_methods_frozen_param_is_caught(pytester: pytest.Pytester) -> None:
+    """The flow quantizes each method on its own, so both methods of quantized_linears hold a `_frozen_param0`
+    with other bytes; a backend that gives decode prefill's fails E1, and the failure says whose it read."""
+    result = pytester.runpytest_inprocess(
+        SUITE,
+        *QUIET,
+        "--ptn-backend=broken_quantized:ReadsAnotherMethodsFrozenParam",
+        "-m",
+        "E1",
+        "-k",
+        "quantized_linears and up_front",
+    )
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*call #1 decode(): *it read method 'prefill''s '_frozen_param0'*"])

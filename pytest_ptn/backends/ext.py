@@ -8,6 +8,10 @@ methods with the stage run intercepted, so what the tester really passes to each
 tester builds in a method, not a class default) is what lowers all methods at once. The result is a .pte
 loaded with ``executorch.runtime``, exactly as the ``pte`` backends load theirs.
 
+A flow with a quantize stage (``xnnpack_dynamic_int8_per_channel``) quantizes each method on its own with that
+stage, before export (Capability.QUANTIZE, ``quantize``): the suite then checks it against the converted
+per-method modules, within ``QUANTIZED``, on the quantization-friendly scenarios only.
+
 Importing the registry takes seconds and pulls in other toolchains (coremltools, the vulkan and webgpu
 testers): it happens only when an ``ext:`` backend is asked for, never when the plugin loads.
 """
@@ -27,6 +31,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pytest_ptn import upstream_noise
 from pytest_ptn.backend import EXT_PREFIX, Availability, Backend, Capability, Loaded, package_version
 from pytest_ptn.backends.pte import PteLoaded, PteLowered, lower_to_pte
+from pytest_ptn.comparison import Tolerance
 
 if TYPE_CHECKING:
     import torch
@@ -134,9 +139,9 @@ def exported_method(ep: ExportedProgram) -> torch.nn.Module:
     return ExportedMethod()
 
 
-def _stage_of(tester: Any, step: str) -> Any:
-    """The stage ``tester.<step>()`` would run, built by the tester itself but not run: the tester hands every
-    stage to ``_run_stage``, which is intercepted for the call."""
+def _stage_of(tester: Any, step: str, *args: Any) -> Any:
+    """The stage ``tester.<step>(*args)`` would run, built by the tester itself but not run: the tester hands
+    every stage to ``_run_stage``, which is intercepted for the call."""
     built: list[Any] = []
 
     def keep(stage: Any, *args: Any, **kwargs: Any) -> Any:
@@ -145,7 +150,7 @@ def _stage_of(tester: Any, step: str) -> Any:
 
     tester._run_stage = keep
     try:
-        getattr(tester, step)()
+        getattr(tester, step)(*args)
     finally:
         del tester._run_stage
     return built[0]
@@ -187,12 +192,6 @@ class ExtFlowBackend(Backend):
         flow = cls.flow()
         dists = ("executorch", "torch", *TOOLCHAINS.get(flow.backend, ()))
         versions = {d: v for d in dists if (v := package_version(d)) is not None}
-        if flow.quantize:
-            why = (
-                f"flow {flow.name!r} quantizes: quantized recipes are not run yet (each method must be "
-                "quantized before export, and checked against its converted modules, not float eager)"
-            )
-            return Availability(False, why, versions)
         if not flow.supports_serialize:
             why = f"flow {flow.name!r} has supports_serialize=False: it cannot write a .pte to load"
             return Availability(False, why, versions)
@@ -211,7 +210,25 @@ class ExtFlowBackend(Backend):
             has = ", ".join(sorted(runtime_delegates())) or "none"
             why = f"flow {flow.name!r} lowers, but this runtime has no {', '.join(missing)} (it has: {has})"
             return Availability(False, why, versions)
+        if Capability.QUANTIZE in cls.capabilities:
+            note = (
+                f"each method quantized by flow {flow.name!r}'s quantize stage, checked on the "
+                f"quantization-friendly scenarios against its converted modules, within {cls.tolerance}"
+            )
+            return Availability(True, note, versions)
         return Availability(True, versions=versions)
+
+    def quantize(self, method: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> torch.nn.Module:
+        """The flow's own quantize stage, as its runner builds it (the flow's stage factory, else the tester's
+        default), run on one method: PT2E prepare, calibration with ``inputs``, convert."""
+        flow = self.flow()
+        with upstream_noise.contained():
+            tester = flow.tester_factory(method, inputs)
+            given = flow.quantize_stage_factory() if flow.quantize_stage_factory else None
+            stage = _stage_of(tester, "quantize", given)
+            stage.run(method, inputs)
+            converted: torch.nn.Module = stage.artifact
+        return converted
 
     def lower(self, programs: dict[str, ExportedProgram], workdir: Path) -> PteLowered:
         flow = self.flow()
@@ -251,19 +268,36 @@ def listing() -> list[tuple[str, type[ExtFlowBackend] | None, str]]:
     return rows
 
 
+QUANTIZED = Tolerance(
+    atol=0.1,
+    rtol=0.04,
+    derivation=(
+        "int8 has 255 steps over an activation's range, and a kernel that quantizes activations itself may "
+        "land a step (range/255, about 0.02 for unit-scale rows of 8) from the converted module on some "
+        "elements; each such step moves an output by the step times a unit-scale weight, a few of them up "
+        "to atol 0.1, many up to 10 steps of 255 of the output's own magnitude, rtol 0.04; ExecuTorch's "
+        "runner holds its flows to the same bounds against the same quantized reference"
+    ),
+)
+"""What a flow that quantizes may differ by from its converted per-method modules (see ``derivation``). A
+method reading another method's weights moves its outputs by the size of the outputs themselves."""
+
+
 @functools.cache
 def flow_backend(flow: str) -> type[ExtFlowBackend]:
-    """The backend class of ``ext:<flow>``: one per flow name, so a run and its workers agree on it."""
-    return type(
-        f"ExtFlowBackend_{flow}",
-        (ExtFlowBackend,),
-        {
-            "name": f"{EXT_PREFIX}{flow}",
-            "flow_name": flow,
-            "__module__": __name__,
-            "__doc__": ExtFlowBackend.__doc__,
-        },
-    )
+    """The backend class of ``ext:<flow>``: one per flow name, so a run and its workers agree on it. A flow
+    with a quantize stage quantizes each method (Capability.QUANTIZE), within ``QUANTIZED``; knowing which
+    reads the registry, which an ``ext:`` backend's availability reads anyway."""
+    attrs: dict[str, Any] = {
+        "name": f"{EXT_PREFIX}{flow}",
+        "flow_name": flow,
+        "__module__": __name__,
+        "__doc__": ExtFlowBackend.__doc__,
+    }
+    found = registry().flows.get(flow) if importlib.util.find_spec("executorch") is not None else None
+    if found is not None and found.quantize:
+        attrs |= {"capabilities": ExtFlowBackend.capabilities | {Capability.QUANTIZE}, "tolerance": QUANTIZED}
+    return type(f"ExtFlowBackend_{flow}", (ExtFlowBackend,), attrs)
 
 
 @contextmanager

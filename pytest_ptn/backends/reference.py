@@ -25,7 +25,7 @@ class ReferenceBackend(Backend):
     """SPEC section 3: needs nothing but torch and safetensors."""
 
     name = "reference"
-    capabilities = frozenset(Capability)
+    capabilities = frozenset(Capability) - {Capability.QUANTIZE}  # every view; it lowers programs as given
 
     def __init__(self) -> None:
         self._cache: SharingCache | None = None

@@ -7,7 +7,7 @@ programs it lowers, so an ExportedProgram is good for one lowering only.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -49,6 +49,11 @@ def _register(module: nn.Module, c: Constant) -> None:
         linear = nn.Linear(c.shape[1], c.shape[0], bias=False)
         linear.weight.data = value.to(torch.float32)
         module.add_module(c.name, linear)
+    elif c.family == "linear":
+        linear = nn.Linear(c.shape[1], c.shape[0], dtype=value.dtype).requires_grad_(False)
+        linear.weight.copy_(value)
+        linear.bias.copy_(make_tensor(replace(c, shape=c.shape[:1], seed=c.seed + 1)))
+        module.add_module(c.name, linear)
 
 
 def _quantize(module: nn.Module, constants: tuple[Constant, ...]) -> None:
@@ -76,6 +81,7 @@ class MethodModule(nn.Module):
     def __init__(self, spec: ProgramSpec, method: Method, shared: SharedConstants):
         super().__init__()
         self.spec_method = method
+        self.vectors = spec.vectors
         self.shared = shared
         if spec.shared_alias is not None:
             setattr(self, spec.shared_alias, shared)  # one module, a second path: every tensor gets two FQNs
@@ -103,11 +109,25 @@ class MethodModule(nn.Module):
             assert isinstance(value, float)
             return x.sum() + value
         owner: nn.Module = self if name in self._private else self.shared
-        if c.family == "int8_linear":
+        if c.family in ("int8_linear", "linear"):
             return getattr(owner, name)(x)
         return getattr(owner, name)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._vectors(x) if self.vectors else self._sums(x)
+
+    def _vectors(self, x: torch.Tensor) -> torch.Tensor:
+        """A program of ``vectors`` (spec.ProgramSpec): ``x`` is one row; no 0-d tensor is ever made."""
+        for w in self.spec_method.writes:  # shift, the only write of such a program
+            buf = self._tensor(w.target, x)
+            buf.copy_(torch.cat((buf[1:], x.to(buf.dtype)), 0))
+        terms = []
+        for name in self.spec_method.reads:
+            t = self._tensor(name, x)
+            terms.append(t.reshape(-1) if self._specs[name].family == "linear" else (t * x).sum(-1))
+        return torch.cat(terms) if terms else x.reshape(-1)
+
+    def _sums(self, x: torch.Tensor) -> torch.Tensor:
         m = self.spec_method
         if m.mutates_input:
             x.add_(1.0)

@@ -4,7 +4,7 @@ Tags say what a scenario exercises, so each conformance test picks only the scen
 ``valid`` (all programs that must lower), ``collision`` (same name, different tensors), ``dedupe`` (equal
 tensors stored once), ``shared_weight``, ``shared_state``, ``private_state``, ``buffers`` (buffers read,
 so initial values matter), ``state_bytes`` (state equal in bytes to a constant), ``total_collision``,
-``reject``, ``reduced_precision`` (computed in bf16 or fp16).
+``reject``, ``reduced_precision`` (computed in bf16 or fp16), ``quantizable`` (QUANTIZABLE).
 """
 
 from __future__ import annotations
@@ -13,6 +13,14 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from pytest_ptn.spec import Branch, Constant, Method, ProgramSpec, Scenario, Write
+
+QUANTIZABLE = "quantizable"
+"""The tag of a quantization-friendly scenario: a program of ``vectors`` (linear layers, no 0-d intermediate).
+Backends that quantize each method (Capability.QUANTIZE) run these and no other scenario; float backends meet
+the same collisions, shared weights and KV caches in the other scenarios, and skip these."""
+
+ROW = (1, 8)
+"""The input of a quantizable program's methods: one row, as wide as its linears' inputs."""
 
 
 def _vals(*v: float) -> tuple[float, ...]:
@@ -550,6 +558,68 @@ SCENARIOS += (
         "shared_weight",
         "dedupe",
         "buffers",
+    ),
+)
+
+SCENARIOS += (
+    _s(
+        "quantized_linears",
+        "Each method its own `proj` linear (same FQN, other bytes) and the shared linear `shared.embed`, "
+        "read in another order: quantized per method, `_frozen_param0`/`_frozen_param1` and `_scale_<i>` "
+        "collide with other bytes, the shared weight becomes a per-method `_frozen_param<i>` of equal bytes.",
+        ProgramSpec(
+            methods=(
+                Method(
+                    "prefill",
+                    (Constant("proj", "linear", shape=(8, 8), seed=60),),
+                    reads=("proj", "embed"),
+                    input_shape=ROW,
+                ),
+                Method(
+                    "decode",
+                    (Constant("proj", "linear", shape=(8, 8), seed=62),),
+                    reads=("embed", "proj"),
+                    input_shape=ROW,
+                ),
+            ),
+            shared=(Constant("embed", "linear", shape=(8, 8), seed=64),),
+            calls=("prefill", "decode", "prefill"),
+            vectors=True,
+        ),
+        "collision",
+        "shared_weight",
+        "dedupe",
+        QUANTIZABLE,
+    ),
+    _s(
+        "quantized_cache",
+        "A shared KV cache `shared.kv` that `prefill` shifts a row into and both methods read, beside a "
+        "private `proj` linear in each (quantized per method: colliding `_frozen_param0`); prefill first, "
+        "as a runner calls them.",
+        ProgramSpec(
+            methods=(
+                Method(
+                    "prefill",
+                    (Constant("proj", "linear", shape=(8, 8), seed=66),),
+                    reads=("proj", "kv"),
+                    writes=(Write("kv", "shift"),),
+                    input_shape=ROW,
+                ),
+                Method(
+                    "decode",
+                    (Constant("proj", "linear", shape=(8, 8), seed=68),),
+                    reads=("kv", "proj"),
+                    input_shape=ROW,
+                ),
+            ),
+            shared=(Constant("kv", "buffer", shape=(4, 8), values=(0.0,) * 32),),
+            calls=PREFILL_FIRST + ("prefill", "decode"),
+            vectors=True,
+        ),
+        "collision",
+        "shared_state",
+        "buffers",
+        QUANTIZABLE,
     ),
 )
 
