@@ -162,14 +162,18 @@ _TRACED_VALUES = ("literal", "scalar")
 """Families whose values are in the exported graph (a scalar's float) or minted by export from them."""
 
 
+_CHILD_MODULES = ("int8_linear", "linear")
+"""Families registered as a child module, whose tensors' FQNs are the child's (``<name>.weight``)."""
+
+
 def export_key(spec: ProgramSpec, method: Method) -> tuple[str | None, tuple[str, ...]]:
     """What ``method``'s export depends on besides its constants' names and tensor values, and the FQN of
     each constant by position (programs.export_forms): the root's constants and the method's own by family,
     dtype, shape and persistence (a literal's or scalar's values too), what it reads and writes by
     position, its input and the root's second path. None for a method torch may export differently under
-    other names (a branch's subgraphs, torchao's quantized linears)."""
+    other names (a branch's subgraphs) or that holds a tensor on a child module (a linear layer's weight)."""
     own = method.constants
-    if method.branch is not None or any(c.family == "int8_linear" for c in (*spec.shared, *own)):
+    if method.branch is not None or any(c.family in _CHILD_MODULES for c in (*spec.shared, *own)):
         return None, ()
 
     def slot(c: Constant) -> tuple[object, ...]:
@@ -181,6 +185,7 @@ def export_key(spec: ProgramSpec, method: Method) -> tuple[str | None, tuple[str
     roots = (SHARED, *((spec.shared_alias,) if spec.shared_alias is not None else ()))
     key = (
         spec.dtype,
+        spec.vectors,
         len(roots),
         tuple(map(slot, spec.shared)),
         tuple(map(slot, own)),
