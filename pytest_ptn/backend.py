@@ -28,6 +28,9 @@ if TYPE_CHECKING:
     from pytest_ptn.spec import Scenario
 
 ENTRY_POINT_GROUP = "pytest_ptn.backends"
+WIDE_RUN = "wide"
+"""In a repro bundle's calls file: the prefix under which a reduced-precision program's float64 eager run
+(EagerCall.wide) is stored, with eager's own keys behind it."""
 
 
 class Capability(enum.Enum):
@@ -117,7 +120,9 @@ class Lowered(ABC):
     ) -> dict[str, str]:
         """Extra scripts for a repro bundle, file name -> text: e.g. the same replay through the backend's own
         runtime alone, for its engineers. ``files`` says where each of ``files()`` lies in the bundle and
-        ``calls_file`` where the calls are (safetensors: ``<call>/<inputs|outputs|inputs_after>/<index>``)."""
+        ``calls_file`` where the calls are (safetensors: ``<call>/<inputs|outputs|inputs_after>/<index>``, and
+        for a reduced-precision program the float64 eager run the comparison's bound needs under the same
+        keys behind ``WIDE_RUN/``)."""
         return {}
 
 

@@ -10,9 +10,29 @@ from pytest_ptn.programs.catalogue import BY_NAME
 from pytest_ptn.programs.exported import aliases
 
 
-def test_second_fqns_are_aliases_of_the_first() -> None:
-    for ep in Program(BY_NAME["aliased_submodule"].spec).export().values():
-        assert aliases(ep) == {"rope.w": "shared.w", "rope.freqs": "shared.freqs"}
+def test_second_fqns_are_aliases_of_the_one_the_graph_reads() -> None:
+    for ep in Program(BY_NAME["aliased_submodule"].spec).export().values():  # read through `rope`
+        assert aliases(ep) == {"shared.w": "rope.w", "shared.freqs": "rope.freqs"}
+
+
+def test_a_tied_weight_is_named_by_the_fqn_the_method_reads() -> None:
+    """Voxtral's text_decoder: the embedding's FQN comes first but only the output layer's is read (and so the
+    only one AOTI allocates): the read one stands for the tensor."""
+    import torch
+    from torch import nn
+
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = nn.Embedding(4, 3)
+            self.out = nn.Linear(3, 4, bias=False)
+            self.out.weight = self.emb.weight
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.out(x)
+
+    ep = torch.export.export(Tied(), (torch.randn(2, 3),))
+    assert aliases(ep) == {"emb.weight": "out.weight"}
 
 
 def test_unallocated_second_names_are_no_s1(pytester: pytest.Pytester) -> None:

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from broken_backends import BindsByKey
 
 from pytest_ptn import upstream_noise
@@ -145,3 +146,66 @@ def test_a_pte_bundle_carries_plain_runtime_calls(
     capsys.readouterr()
     assert run_script(snippet) == 1
     assert capsys.readouterr().out.startswith("call #0 step(): 0/inputs_after/0 is ")
+
+
+def test_a_bf16_bundle_keeps_the_float64_run_its_bound_is_made_from(tmp_path: Path, warm_torch: None) -> None:
+    """Read back, every output of a bf16 program gets the bound the suite compared it with, eager's own
+    rounding (the float64 run) included: without it a replay would hold the backend to the eps terms only."""
+    from pytest_ptn.backends.reference import ReferenceBackend
+    from pytest_ptn.comparison import allowed
+
+    case = Case(ReferenceBackend(), BY_NAME["kv_cache_in_bf16"], lambda name: tmp_path / "lowered")
+    (tmp_path / "lowered").mkdir()
+    case.lower()
+    bundle = repro.write_bundle(tmp_path, "reference", case, {})
+    read = repro.read_calls(bundle / repro.CALLS)
+    noise = False
+    for got, ran in zip(read, case.eager(), strict=True):
+        assert got.wide is not None and ran.wide is not None
+        for want, wide, ran_want, ran_wide in zip(
+            got.outputs, got.output_bounds(), ran.outputs, ran.output_bounds(), strict=True
+        ):
+            assert torch.equal(allowed(want, wide), allowed(ran_want, ran_wide))
+            noise |= bool((allowed(want, wide) > allowed(want)).any())
+        assert got.wide.state_after.keys() == ran.wide.state_after.keys()
+    assert noise  # the float64 run widens the bound somewhere: what this test is about
+
+
+def test_a_bf16_pte_bundle_replays_with_the_suites_bound(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], warm_torch: None
+) -> None:
+    """runtime_calls.py compares as the suite does: one bf16 step off eager is equal (a flat 1e-5 would flag
+    it), the stored float64 run is part of the bound, a value far off is still a difference."""
+    pytest.importorskip("executorch")
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from pytest_ptn.backend import WIDE_RUN
+    from pytest_ptn.backends.pte import PteBackend
+    from pytest_ptn.comparison import allowed
+
+    case = Case(PteBackend(), BY_NAME["shared_weight_in_bf16"], lambda name: tmp_path / "lowered")
+    (tmp_path / "lowered").mkdir()
+    case.lower()
+    snippet = repro.write_bundle(tmp_path, "pte", case, {}) / pte_replay.SCRIPT
+    calls = snippet.parent / repro.CALLS
+    with safe_open(calls, "pt") as f:
+        metadata = f.metadata()
+    stored = load_file(calls)
+    key = "0/outputs/0"
+    want = stored[key]
+    assert want.dtype == torch.bfloat16 and f"{WIDE_RUN}/{key}" in stored
+
+    def replayed(changed: dict[str, torch.Tensor]) -> object:
+        save_file({**stored, **changed}, calls, metadata=metadata)
+        capsys.readouterr()
+        return run_script(snippet)
+
+    assert replayed({}) == 0, capsys.readouterr().out
+    assert replayed({key: torch.nextafter(want, torch.full_like(want, float("inf")))}) == 0
+    wide = stored[f"{WIDE_RUN}/{key}"]
+    beyond = 2 * allowed(want, wide) + 1  # past what the pte run may differ by
+    far = (want.double() + beyond).to(want.dtype)  # eager and its float64 run both moved
+    assert replayed({key: far, f"{WIDE_RUN}/{key}": wide + beyond}) == 1
+    assert capsys.readouterr().out.startswith(f"call #0 {case.eager()[0].method}(): {key} is ")
+    assert replayed({key: far, f"{WIDE_RUN}/{key}": far.double() + beyond}) == 0  # eager's noise, widened

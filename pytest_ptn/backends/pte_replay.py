@@ -1,10 +1,13 @@
 """A ``.pte`` repro bundle's extra script: the calls replayed through ``executorch.runtime`` alone, one a
-line, which a C++ runtime engineer translates without reading pytest-ptn."""
+line, which a C++ runtime engineer translates without reading pytest-ptn; only "equal" is pytest-ptn's
+(``pytest_ptn.comparison.equal``, the bound the suite compared with)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
+
+from pytest_ptn.backend import WIDE_RUN
 
 if TYPE_CHECKING:
     from pytest_ptn.backends.pte import PteLowered
@@ -35,12 +38,14 @@ def runtime_script(
     return f'''"""The bundle's calls replayed through executorch.runtime alone, one call a line: what a C++
 runtime engineer translates (Runtime::get(), Program::load_method, Method::execute). A method that mutates
 an input returns it as an extra output, compared with the input eager left behind (`inputs_after`).
+"Equal" is the suite's bound (pytest_ptn.comparison): a bf16 or fp16 program's float64 eager run is stored
+under `{WIDE_RUN}/`.
 """
 
 from pathlib import Path
 
-import torch
 from executorch.runtime import Runtime
+from pytest_ptn.comparison import equal
 from safetensors.torch import load_file
 
 HERE = Path(__file__).resolve().parent
@@ -58,7 +63,7 @@ def compare(call, method, outputs, expected):
     found = 0
     for have, key in zip(outputs, expected):
         want = calls[key]
-        if have.shape != want.shape or not torch.allclose(have.to(want.dtype), want, rtol=1e-5, atol=1e-5):
+        if not equal(have, want, calls.get("{WIDE_RUN}/" + key)):
             shown = [have.reshape(-1)[:8].tolist(), want.reshape(-1)[:8].tolist()]
             print(f"call #{{call}} {{method}}(): {{key}} is {{shown[0]}}, eager {{shown[1]}}")
             found += 1

@@ -38,17 +38,27 @@ def constants_of(ep: ExportedProgram) -> dict[str, ConstantUse]:
 
 
 def aliases(ep: ExportedProgram) -> dict[str, str]:
-    """key -> the first key naming the same tensor, for every key that is a second name of one (a submodule
-    reachable by several paths gives its tensors several FQNs): one tensor is one constant."""
+    """key -> the key that stands for the same tensor, for every key that is a second name of one (a submodule
+    reachable by several paths, or a tied weight, gives one tensor several FQNs): one tensor is one constant.
+    The key standing for it is the first one the graph reads: a loader that allocates only what a method
+    reads (AOTI) allocates that one, so an unread name is never the owner while a read one exists."""
+    placeholders = _read(ep)
+    read = {s.target for s in ep.graph_signature.input_specs if s.arg.name in placeholders}
+    constants = constants_of(ep)
     first: dict[tuple[Any, ...], str] = {}
     out = {}
-    for key, use in constants_of(ep).items():
-        t = use.tensor
+    for key in sorted(constants, key=lambda k: k not in read):  # stable: read keys first, each in order
+        t = constants[key].tensor
         identity = (t.untyped_storage().data_ptr(), t.storage_offset(), t.dtype, tuple(t.shape), t.stride())
         owner = first.setdefault(identity, key)
         if owner != key and t.untyped_storage().nbytes() > 0:
             out[key] = owner
     return out
+
+
+def _read(ep: ExportedProgram) -> set[str]:
+    """The placeholders the graph reads."""
+    return {n.name for n in ep.graph.nodes if n.op == "placeholder" and n.users}
 
 
 @dataclass(frozen=True)

@@ -3,12 +3,13 @@ saw the run can replay.
 
 The worker that ran the failing test writes it, from the test's Case (the fuzz test: from the program it
 failed on): the files the backend wrote (``Lowered.files``), the call sequence with every input and eager
-output (``calls.safetensors``), the program as a pasteable test, the failure text and ``repro.py``, which
-loads the bundled artifact through the backend, replays the calls, checks the sharing topology where the
-backend shows one, loads the methods in reverse order and replays again, and exits 1 while any of it differs.
-A backend adds its own scripts (``Lowered.bundle_scripts``: a ``.pte`` gets the replay through
-``executorch.runtime`` alone). No file is named as pytest collects tests (``test_*.py``, ``*_test.py``), so a
-bundle folder inside a project is never collected by its next run.
+output, and for a bf16 or fp16 program the float64 eager run the comparison's bound is made from
+(``calls.safetensors``: a replay compares as the suite did), the program as a pasteable test, the failure
+text and ``repro.py``, which loads the bundled artifact through the backend, replays the calls, checks the
+sharing topology where the backend shows one, loads the methods in reverse order and replays again, and
+exits 1 while any of it differs. A backend adds its own scripts (``Lowered.bundle_scripts``: a ``.pte``
+gets the replay through ``executorch.runtime`` alone). No file is named as pytest collects tests
+(``test_*.py``, ``*_test.py``), so a bundle folder inside a project is never collected by its next run.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from pytest_ptn.backend import WIDE_RUN
 from pytest_ptn.harness import Case
 from pytest_ptn.session import FAILING_PROGRAM, RUN_STATE
 
@@ -167,25 +169,29 @@ def copy_artifact(lowered: Lowered, into: Path) -> dict[str, str]:
 
 def write_calls(path: Path, calls: list[EagerCall]) -> None:
     """Each call's tensors as ``<call>/<field>/<index>`` (``<fqn>`` for ``state_after``), the method names
-    in the metadata."""
+    in the metadata; a reduced-precision program's float64 run (EagerCall.wide) under ``WIDE_RUN/``, so that a
+    replay compares with the bound the suite used (pytest_ptn.comparison)."""
     from safetensors.torch import save_file
 
     tensors = {}
     for i, call in enumerate(calls):
-        fields: dict[str, dict[str, torch.Tensor]] = {
-            "inputs": {str(j): t for j, t in enumerate(call.inputs)},
-            "outputs": {str(j): t for j, t in enumerate(call.outputs)},
-            "inputs_after": {str(j): t for j, t in enumerate(call.inputs_after)},
-            "state_after": call.state_after,
-        }
-        for field, values in fields.items():
-            for name, t in values.items():
-                tensors[f"{i}/{field}/{name}"] = t.detach().clone().contiguous()
+        for prefix, run in ((f"{i}/", call), (f"{WIDE_RUN}/{i}/", call.wide)):
+            if run is None:
+                continue
+            fields: dict[str, dict[str, torch.Tensor]] = {
+                "inputs": {str(j): t for j, t in enumerate(run.inputs)},
+                "outputs": {str(j): t for j, t in enumerate(run.outputs)},
+                "inputs_after": {str(j): t for j, t in enumerate(run.inputs_after)},
+                "state_after": run.state_after,
+            }
+            for field, values in fields.items():
+                for name, t in values.items():
+                    tensors[f"{prefix}{field}/{name}"] = t.detach().clone().contiguous()
     save_file(tensors, path, metadata={"methods": json.dumps([c.method for c in calls])})
 
 
 def read_calls(path: Path) -> list[EagerCall]:
-    """The calls ``write_calls`` wrote."""
+    """The calls ``write_calls`` wrote, each with its float64 run where the bundle has one."""
     from safetensors import safe_open
     from safetensors.torch import load_file
 
@@ -202,16 +208,22 @@ def read_calls(path: Path) -> list[EagerCall]:
         found = under(prefix)
         return [found[k] for k in sorted(found, key=int)]
 
-    return [
-        EagerCall(
+    def call(method: str, prefix: str) -> EagerCall:
+        return EagerCall(
             method,
-            tuple(indexed(f"{i}/inputs/")),
-            indexed(f"{i}/outputs/"),
-            tuple(indexed(f"{i}/inputs_after/")),
-            under(f"{i}/state_after/"),
+            tuple(indexed(f"{prefix}inputs/")),
+            indexed(f"{prefix}outputs/"),
+            tuple(indexed(f"{prefix}inputs_after/")),
+            under(f"{prefix}state_after/"),
         )
-        for i, method in enumerate(methods)
-    ]
+
+    calls = []
+    for i, method in enumerate(methods):
+        read = call(method, f"{i}/")
+        if under(f"{WIDE_RUN}/{i}/"):
+            read.wide = call(method, f"{WIDE_RUN}/{i}/")
+        calls.append(read)
+    return calls
 
 
 def bundled_lowered(case: Case, bundle: Path) -> Lowered:
