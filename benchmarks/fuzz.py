@@ -84,7 +84,8 @@ t0 = time.perf_counter()
 run()
 print(json.dumps({"programs": len(seconds), "seconds": sum(seconds), "wall": time.perf_counter() - t0,
                   "failed": failed[0], **counts, "first_failure": failures[:1],
-                  "exports_reused": EXPORT_FORMS.reused if EXPORT_FORMS is not None else 0}))
+                  "exports_reused": EXPORT_FORMS.reused if EXPORT_FORMS is not None else 0,
+                  "exports": EXPORT_FORMS.reused + EXPORT_FORMS.exported if EXPORT_FORMS is not None else 0}))
 """
 """Run in each tree's environment: its strategies, harness and backends."""
 
@@ -139,7 +140,9 @@ def main() -> None:
                         f"{best['seconds']:.1f} s",
                         f"{best['programs'] / best['seconds']:.2f}/s",
                         f"{reused:.0%} of {best['methods']:.0f}",
-                        f"{best['exports_reused'] / best['methods']:.0%}" if best["methods"] else "-",
+                        f"{best['exports_reused'] / best['exports']:.0%} of {best['exports']:.0f}"
+                        if best.get("exports")
+                        else "-",
                         "; ".join(str(r["load"]) for r in runs[tree.side]),
                     ]
                 )
