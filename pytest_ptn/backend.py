@@ -59,6 +59,18 @@ class Availability:
 
 
 @dataclass(frozen=True)
+class ReducedPrecision:
+    """A backend that computes float32 programs in a coarser dtype on this machine (a vendor default it offers
+    no way to turn off). Its float32 results are still compared as float32: each difference is labelled with
+    ``why`` and whether rounding to ``dtype`` accounts for it (pytest_ptn.comparison.within_rounding)."""
+
+    dtype: str
+    """torch's name of the dtype it computes in: ``bfloat16``, ``float16``."""
+    why: str
+    """What a reader must know, one line: who computes in which precision, and the setting that decides it."""
+
+
+@dataclass(frozen=True)
 class Entry:
     """A stored tensor of a package, described without reading its bytes."""
 
@@ -161,6 +173,10 @@ class Backend(ABC):
     @abstractmethod
     def availability(cls) -> Availability:
         """Whether this machine can run the backend, cheaply: never import torch or executorch here."""
+
+    def float32_computed_in(self) -> ReducedPrecision | None:
+        """The coarser dtype this backend computes float32 programs in on this machine; None: float32."""
+        return None
 
     def unsupported(self, scenario: Scenario) -> str | None:
         """Why this backend cannot express ``scenario`` at all (reported as not applicable), or None."""

@@ -33,6 +33,10 @@ What stays visible: another method's same-named tensor, a private copy of shared
 an element by the size of the values themselves, while the bound for bf16 is about 1.6% of the element plus
 eager's own noise at it; tests/test_comparison.py shows each broken reference variant is still caught on the
 bf16 and fp16 scenarios.
+
+A float32 program a backend computes in bf16 (OpenVINO's CPU default on AVX512_BF16 CPUs) is still a float32
+program: it is compared with the float32 bound and fails. ``within_rounding`` only labels the failure (within
+two bf16 steps of each value, or beyond), so a precision deviation is told apart from another method's tensor.
 """
 
 from __future__ import annotations
@@ -109,3 +113,10 @@ def equal(
 ) -> bool:
     """``have`` has ``want``'s shape and every element within the bound."""
     return have.shape == want.shape and bool(close(have, want, wide, tolerance).all())
+
+
+def within_rounding(have: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> bool:
+    """Whether every element of ``have`` is within the bound of ``want`` rounded to the coarser ``dtype``
+    (two of its steps of each value): what a backend that computes a float32 program in bf16 may show. It
+    labels a difference, it never passes one: the program is float32 and is compared as float32."""
+    return equal(have, want.to(dtype))

@@ -18,7 +18,7 @@ from pytest_ptn.session import LoweringCache
 if TYPE_CHECKING:
     import torch
 
-    from pytest_ptn.backend import Backend, Loaded, Lowered
+    from pytest_ptn.backend import Backend, Loaded, Lowered, ReducedPrecision
     from pytest_ptn.comparison import Tolerance
     from pytest_ptn.programs.build import EagerCall
     from pytest_ptn.programs.user import UserScenario
@@ -198,9 +198,14 @@ class Case:
         schedule: LoadSchedule = LoadSchedule.AT_FIRST_CALL,
     ) -> list[Mismatch]:
         """Run the call sequence on ``loaded``, methods loaded as ``schedule`` says; every way it differs from
-        eager (pytest_ptn.comparison decides what is equal)."""
+        eager (pytest_ptn.comparison decides what is equal). A backend that computes float32 in a coarser
+        dtype here (Backend.float32_computed_in) gets each float32 difference labelled with that, and with
+        whether that dtype's rounding accounts for it; the comparison itself stays float32."""
+        import torch
+
         from pytest_ptn.comparison import close, equal
 
+        reduced = self.backend.float32_computed_in()
         mismatches = []
         calls = calls if calls is not None else self.eager()
         loads = schedule.loads(self.program.method_names, [c.method for c in calls])
@@ -221,7 +226,12 @@ class Case:
             for want, have, wide in zip(call.outputs, got, call.output_bounds(), strict=True):
                 if not equal(have, want, wide, tolerance):
                     ok = close(have, want, wide, tolerance) if have.shape == want.shape else None
-                    detail = _describe(names, want, have, ok, self._owners(call.method, call.inputs))
+                    labelled = reduced if want.dtype == torch.float32 else None
+                    coarser = getattr(torch, labelled.dtype) if labelled is not None else None
+                    owners = self._owners(call.method, call.inputs)
+                    detail = _describe(names, want, have, ok, owners, coarser)
+                    if labelled is not None:
+                        detail += f"; {_precision_label(labelled, have, want)}"
                     mismatches.append(Mismatch(i, call.method, detail + self._read_elsewhere(i, have, calls)))
             wide_after = call.wide.inputs_after if call.wide is not None else (None,) * len(given)
             for j, (want, have, wide) in enumerate(zip(call.inputs_after, given, wide_after, strict=True)):
@@ -251,15 +261,17 @@ def _describe(
     have: torch.Tensor,
     ok: torch.Tensor | None,
     owners: dict[str, list[tuple[str, float]]],
+    coarser: torch.dtype | None,
 ) -> str:
     """What differs, value by value where each value reads one name; ``ok`` the elementwise comparison (None
-    when the shapes differ)."""
+    when the shapes differ). ``coarser``: the dtype the backend computed this float32 output in, whose
+    rounding a value read from another method's tensor may show."""
     if ok is None:
         return f"output shape {tuple(have.shape)}, eager {tuple(want.shape)}"
     from pytest_ptn.comparison import allowed
 
     parts = []
-    bound = allowed(want).reshape(-1)
+    bound = allowed(want if coarser is None else want.to(coarser)).reshape(-1)
     for k, name in enumerate(names[: want.numel()]):
         if not bool(ok.reshape(-1)[k]):
             w, h = float(want.reshape(-1)[k]), float(have.reshape(-1)[k])
@@ -268,6 +280,20 @@ def _describe(
             seen = f": it read method {whose[0]!r}'s {name!r}" if whose else ""
             parts.append(f"value {k} (reads {name!r}) is {h:.6g}, eager {w:.6g}{seen}")
     return "; ".join(parts) or f"output {_fmt(have)}, eager {_fmt(want)}"
+
+
+def _precision_label(reduced: ReducedPrecision, have: torch.Tensor, want: torch.Tensor) -> str:
+    """What a float32 difference of a backend computing in a coarser dtype is, by that dtype's rounding."""
+    import torch
+
+    from pytest_ptn.comparison import within_rounding
+
+    if within_rounding(have, want, getattr(torch, reduced.dtype)):
+        return (
+            f"{reduced.why}: within {reduced.dtype} rounding of eager (two {reduced.dtype} steps of each "
+            "value), a precision deviation, not another method's tensor; still a failure of a float32 program"
+        )
+    return f"{reduced.why}: beyond {reduced.dtype} rounding of eager as well, which does not explain it"
 
 
 def _fmt(t: torch.Tensor) -> str:

@@ -158,11 +158,36 @@ def test_a_crashed_step_fails_later_tests_of_its_case_at_once(tmp_path: Path) ->
     (tmp_path / "gw0.last").write_text(
         json.dumps({"step": {"backend": "b", "scenario": "s", "step": "loading"}, "attached": "program X"})
     )
-    text = crashes.crash_report(tmp_path, "gw0", -signal.SIGSEGV, "t.py::test[b-s]", "pytest t.py")
+    text = crashes.crash_report(
+        tmp_path, "gw0", -signal.SIGSEGV, "t.py::test[b-s]", "pytest t.py", {"vendorlib": "2026.4.1"}
+    )
     assert "while loading s on b" in text and "program X" in text and "pytest t.py -n 0" in text
+    assert text.splitlines()[1] == "with vendorlib 2026.4.1"  # a crash is often one release's
     log = crashes.WorkerLog(tmp_path, "gw1")
     with pytest.raises(
         crashes.CrashedEarlier, match=r"killed by SIGSEGV \(Segmentation fault\) in t.py::test"
     ):
         log.enter(crashes.Step("b", "s", "loading"))
     log.enter(crashes.Step("b", "s", "lowering"))  # another step of the case still runs
+
+
+def test_a_crash_an_expectation_lists_is_that_expected_failure(crashing: pytest.Pytester) -> None:
+    """The controller, not the dead worker, decides: a listed crash is an xfail naming the crash and the
+    expectation (a vendor's known use-after-free), and the run is green; an unlisted one still fails."""
+    (crashing.path / "known.toml").write_text(
+        'backend = "segfault-on-load"\n'
+        "[[xfail]]\n"
+        'rule = "E2"\nscenario = "colliding_literals"\n'
+        'reason = "its loader frees what it still reads"\nlink = ""\n'
+    )
+    loads = f"{COLLIDING_LITERALS} and lowers_and_loads"
+    result = run(crashing, "SegfaultOnLoad", "--ptn-expectations", "known.toml", select=loads)
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+    assert result.parseoutcomes() == {"xfailed": 1}
+    (row,) = failures(crashing)
+    assert row["outcome"] == "xfail"
+    assert "its loader frees what it still reads" in row["reason"] and "killed by SIGSEGV" in row["reason"]
+    result = run(
+        crashing, "SegfaultOnLoad", "--ptn-expectations", "known.toml", select=f"{loads} or each_method"
+    )
+    assert result.ret == pytest.ExitCode.TESTS_FAILED

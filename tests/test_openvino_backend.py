@@ -1,4 +1,5 @@
-"""The openvino backend: what it needs, what it says about the precision it computes in, and that it runs.
+"""The openvino backend: what it needs, what it says about the precision it computes in (on a faked bf16 CPU:
+this one computes f32), and that it runs.
 
 The lowering test needs executorch, openvino and nncf (``pip install -e '.[test,executorch,openvino]'``).
 """
@@ -6,13 +7,18 @@ The lowering test needs executorch, openvino and nncf (``pip install -e '.[test,
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+import torch
+from broken_backends import BindsByKey
 
+from pytest_ptn.backend import ReducedPrecision
 from pytest_ptn.backends import openvino
 from pytest_ptn.harness import Case
 from pytest_ptn.programs.catalogue import BY_NAME
+from pytest_ptn.reference.loader import ReferenceLoaded
 
 
 def test_a_missing_toolchain_is_named_with_the_extra_that_installs_it(
@@ -26,14 +32,83 @@ def test_a_missing_toolchain_is_named_with_the_extra_that_installs_it(
     assert "pytest-ptn[executorch,openvino]" in availability.reason
 
 
-def test_a_cpu_that_computes_f32_in_bf16_is_said_up_front(monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("openvino")
-    pytest.importorskip("nncf")
+BF16_CPU = "OpenVINO CPU computes float32 programs in bf16 (INFERENCE_PRECISION_HINT=bf16, AVX512_BF16)"
+
+
+@pytest.fixture
+def bf16_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CPU with AVX512_BF16, on which OpenVINO's CPU plugin defaults to bf16 (faked: this one has none)."""
     monkeypatch.setattr(openvino, "cpu_inference_precision", lambda: "bf16")
+    monkeypatch.setattr(openvino, "bf16_flags", lambda: ["avx512_bf16"])
+
+
+def test_a_cpu_that_computes_f32_in_bf16_is_said_up_front(
+    bf16_cpu: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())  # every toolchain "installed"
     availability = openvino.OpenvinoBackend.availability()
     assert availability.available
-    assert "computes float32 programs in bf16" in availability.reason
+    assert availability.reason.startswith(BF16_CPU)
+    assert "the delegate cannot ask for f32" in availability.reason
     assert {"executorch", "torch", "openvino", "nncf"} <= set(availability.versions)
+
+
+def test_the_backend_declares_the_precision_it_computes_float32_in(
+    bf16_cpu: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert openvino.OpenvinoBackend().float32_computed_in() == ReducedPrecision("bfloat16", BF16_CPU)
+    monkeypatch.setattr(openvino, "cpu_inference_precision", lambda: "f32")
+    assert openvino.OpenvinoBackend().float32_computed_in() is None
+
+
+class _RoundedToBf16(ReferenceLoaded):
+    def run(self, method: str, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        return [t.to(torch.bfloat16).to(t.dtype) for t in super().run(method, inputs)]
+
+
+class _KeyedByNameRoundedToBf16(_RoundedToBf16, BindsByKey.loaded):
+    pass
+
+
+class Bf16Cpu(BindsByKey):
+    """A float32 program computed in bf16, as OpenVINO does on an AVX512_BF16 CPU; ``loaded`` says whether
+    methods also read each other's tensors."""
+
+    loaded = _RoundedToBf16
+
+    def float32_computed_in(self) -> ReducedPrecision | None:
+        return ReducedPrecision("bfloat16", BF16_CPU)
+
+
+WITHIN = f"{BF16_CPU}: within bfloat16 rounding of eager"
+BEYOND = f"{BF16_CPU}: beyond bfloat16 rounding of eager as well"
+
+
+@pytest.mark.parametrize(
+    ("loaded", "labels"),
+    [
+        (_RoundedToBf16, [WITHIN, WITHIN]),
+        (_KeyedByNameRoundedToBf16, [WITHIN, f"it read method 'prefill''s 'weight'; {BEYOND}"]),
+    ],
+)
+def test_a_float32_difference_says_the_backend_computed_in_bf16(
+    tmp_path: Path, loaded: type[ReferenceLoaded], labels: list[str]
+) -> None:
+    """Still a failure (the program is float32), labelled as what it is: bf16 rounding, or another method's
+    tensor (decode reads prefill's same-named weight), which bf16 does not explain."""
+    backend = Bf16Cpu()
+    backend.loaded = loaded
+    case = Case(backend, BY_NAME["same_metadata_different_bytes"], lambda name: tmp_path)
+    mismatches = [str(m) for m in case.run_sequence(case.load())]
+    assert len(mismatches) == len(labels), mismatches
+    for mismatch, label in zip(mismatches, labels, strict=True):
+        assert label in mismatch
+
+
+def test_a_backend_computing_float32_labels_nothing(tmp_path: Path) -> None:
+    case = Case(BindsByKey(), BY_NAME["same_metadata_different_bytes"], lambda name: tmp_path)
+    (mismatch,) = [str(m) for m in case.run_sequence(case.load())]
+    assert "bfloat16" not in mismatch and mismatch.endswith("it read method 'prefill''s 'weight'")
 
 
 def test_each_method_runs_in_its_own_openvino_blob(tmp_path: Path) -> None:

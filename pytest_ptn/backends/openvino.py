@@ -1,23 +1,35 @@
 """The OpenVINO delegate (``OpenvinoPartitioner`` on the CPU device), a vendor backend that runs on a plain
-x86 CPU, loaded with ``executorch.runtime`` (the pip wheel registers ``OpenvinoBackend``).
+x86 CPU, loaded with ``executorch.runtime`` (the pip wheel registers ``OpenvinoBackend``) from the .pte's
+path, as users load it: with openvino 2026 that load is a use-after-free, which crash isolation reports.
 
 Each method's constants are compiled into that method's own OpenVINO blob, so colliding names never meet;
-what it gets wrong on multi-method programs is recorded in ``conformance/expectations/openvino.toml``.
+what it gets wrong on multi-method programs is recorded in ``conformance/expectations/openvino.toml``
+(openvino 2025.4.1, the pinned release) and ``openvino-2026.toml``.
 On a CPU with bf16 arithmetic (AVX512_BF16, AMX) OpenVINO computes float32 graphs in bf16 by default, and the
-delegate passes no property that would ask for f32: availability says so, and those results are failures of
-f32 programs, not noise to tolerate.
+delegate passes no property that would ask for f32: the run header says so, and each float32 difference is
+labelled with it (Backend.float32_computed_in); those results are failures of f32 programs, not noise to
+tolerate.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+from pathlib import Path
 from typing import Any
 
-from pytest_ptn.backend import Availability, package_version
+from pytest_ptn.backend import Availability, ReducedPrecision, package_version
 from pytest_ptn.backends.pte import PteBackend
 
 NEEDS = {"openvino": "openvino", "nncf": "nncf"}
 """module -> distribution: the delegate imports nncf's quantizer even to partition."""
+
+DTYPES = {"bf16": "bfloat16", "f16": "float16"}
+"""OpenVINO's name of a reduced inference precision -> torch's."""
+
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+"""The /proc/cpuinfo flags of the bf16 arithmetic that makes the CPU plugin choose bf16."""
+CPUINFO = Path("/proc/cpuinfo")
 
 
 class OpenvinoBackend(PteBackend):
@@ -33,14 +45,14 @@ class OpenvinoBackend(PteBackend):
                 False, f"{', '.join(missing)} not installed (pip install 'pytest-ptn[executorch,openvino]')"
             )
         versions = {d: package_version(d) or "?" for d in ("executorch", "torch", *NEEDS.values())}
-        precision = cpu_inference_precision()
-        if precision != "f32":
-            note = (
-                f"OpenVINO's CPU plugin computes float32 programs in {precision} here (its default "
-                "INFERENCE_PRECISION_HINT on this CPU; the delegate cannot ask for f32): f32 results deviate"
-            )
+        reduced = computed_in()
+        if reduced is not None:
+            note = f"{reduced.why}; the delegate cannot ask for f32, so float32 results deviate"
             return Availability(True, note, versions)
         return Availability(True, versions=versions)
+
+    def float32_computed_in(self) -> ReducedPrecision | None:
+        return computed_in()
 
     def partitioners(self, method: str) -> list[Any]:
         from executorch.backends.openvino.partitioner import OpenvinoPartitioner
@@ -49,8 +61,30 @@ class OpenvinoBackend(PteBackend):
         return [OpenvinoPartitioner([CompileSpec("device", b"CPU")])]
 
 
+def computed_in() -> ReducedPrecision | None:
+    """The reduced precision OpenVINO's CPU plugin computes float32 graphs in here, with why; None for f32."""
+    precision = cpu_inference_precision()
+    if precision not in DTYPES:
+        return None
+    isa = ", ".join(f.upper() for f in bf16_flags())
+    setting = f"INFERENCE_PRECISION_HINT={precision}" + (f", {isa}" if isa else "")
+    return ReducedPrecision(
+        DTYPES[precision], f"OpenVINO CPU computes float32 programs in {precision} ({setting})"
+    )
+
+
+@functools.cache
 def cpu_inference_precision() -> str:
     """The precision OpenVINO's CPU plugin computes a float32 graph in by default (``f32``, ``bf16``)."""
     import openvino
 
     return str(openvino.Core().get_property("CPU", "INFERENCE_PRECISION_HINT").to_string())
+
+
+def bf16_flags() -> list[str]:
+    """Which of BF16_FLAGS this CPU has (none where /proc/cpuinfo cannot be read)."""
+    try:
+        flags = set(CPUINFO.read_text(errors="replace").split())
+    except OSError:
+        return []
+    return [f for f in BF16_FLAGS if f in flags]

@@ -177,8 +177,16 @@ def worker_returncode(worker: Any) -> int | None:
         return None
 
 
-def crash_report(folder: Path, worker_id: str, returncode: int | None, nodeid: str, repro: str | None) -> str:
-    """The failure text of a test whose worker died; records the crashed step for later tests of its case."""
+def crash_report(
+    folder: Path,
+    worker_id: str,
+    returncode: int | None,
+    nodeid: str,
+    repro: str | None,
+    versions: dict[str, str],
+) -> str:
+    """The failure text of a test whose worker died, with the versions its backend reported (a crash is
+    often one release's); records the crashed step for later tests of its case."""
     fault = _read(folder / f"{worker_id}.fault")
     how = how_it_died(returncode, fault)
     try:
@@ -194,6 +202,8 @@ def crash_report(folder: Path, worker_id: str, returncode: int | None, nodeid: s
         crashed.setdefault(_step_key(current), f"the worker was {how} in {nodeid}")
         (folder / CRASHED_STEPS).write_text(json.dumps(crashed))
     lines = [f"crashed: the worker process was {how}{where}"]
+    if versions:
+        lines.append(f"with {', '.join(f'{d} {v}' for d, v in versions.items())}")
     attached = said.get("attached") if isinstance(said, dict) else None
     if attached:
         lines.append(str(attached))

@@ -132,17 +132,33 @@ class Xdist:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport, sched: Any) -> None:
-        """The test a dead worker was running fails with the signal, the step and its properties (so it is
-        in the matrix and the reports), never as a bare "worker crashed"."""
+        """The test a dead worker was running fails with the signal, the step, the backend's versions and
+        its properties (so it is in the matrix and the reports), never as a bare "worker crashed". A crash
+        an expectation lists is that expected failure, as the worker's strict xfail would have made it (one
+        that passes instead fails there as stale)."""
         properties = crashes.read_properties(self.run_folder, crashitem)
-        repro = dict(properties).get("ptn_repro")
+        found = dict(properties)
+        spec = found.get("ptn_backend", "")
+        availability = self.state.availability.get(spec)
         worker = getattr(report, "node", None)
         worker_id = getattr(getattr(worker, "gateway", None), "id", "?")
         report.user_properties = list(properties)
         report.when = "call"
-        report.longrepr = crashes.crash_report(
-            self.run_folder, worker_id, crashes.worker_returncode(worker), crashitem, repro
+        text = crashes.crash_report(
+            self.run_folder,
+            worker_id,
+            crashes.worker_returncode(worker),
+            crashitem,
+            found.get("ptn_repro"),
+            availability.versions if availability is not None else {},
         )
+        report.longrepr = text
+        rules = [value for key, value in properties if key == "ptn_rule"]
+        scenario, schedule = found.get("ptn_scenario"), found.get("ptn_schedule")
+        expected = self.state.expected(spec, rules, scenario, schedule) if availability is not None else []
+        if expected and not self.config.option.runxfail:
+            report.outcome = "skipped"
+            report.wasxfail = f"{expected[0].describe()}\n{text}"
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         if not hasattr(config, "workerinput") and "run_folder" in self.__dict__:  # the controller made it
