@@ -23,7 +23,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
-from pytest_ptn.programs.exported import CONSTANT_KINDS, private_copy, renamed_signature
+from pytest_ptn.programs.exported import CONSTANT_KINDS, call_graph_copy, private_copy, renamed_signature
 
 _PREFIX = {InputKind.PARAMETER: "p_", InputKind.BUFFER: "b_", InputKind.CONSTANT_TENSOR: "c_"}
 
@@ -67,7 +67,7 @@ class ExportForm:
             copy.deepcopy(ep.graph_module),
             copy.deepcopy(ep.graph_signature),
             copy.deepcopy(ep.range_constraints),
-            copy.deepcopy(ep.module_call_graph),
+            call_graph_copy(ep.module_call_graph),
             list(ep.verifiers),
             fqns,
             tuple(ep.state_dict),
@@ -108,7 +108,7 @@ class ExportForm:
             graph_signature=renamed_signature(self.graph_signature, placeholders, keys),
             state_dict={keys[k]: tensor(k) for k in self.state_keys},
             range_constraints=copy.deepcopy(self.range_constraints),
-            module_call_graph=copy.deepcopy(self.module_call_graph),
+            module_call_graph=call_graph_copy(self.module_call_graph),
             example_inputs=(inputs, {}),
             constants={keys.get(k, k): tensor(k) for k in self.constant_keys},
             verifiers=self.verifiers,

@@ -218,7 +218,7 @@ class FunctionalForm:
             graph_signature=renamed_signature(self.graph_signature, placeholders, keys),
             state_dict=dict(ep.state_dict),
             range_constraints=copy.deepcopy(self.range_constraints),
-            module_call_graph=copy.deepcopy(self.module_call_graph),
+            module_call_graph=call_graph_copy(self.module_call_graph),
             example_inputs=ep.example_inputs,
             constants=dict(ep.constants),
             verifiers=self.verifiers,
@@ -268,7 +268,7 @@ class FunctionalForms:
                 copy.deepcopy(result.graph_module),
                 copy.deepcopy(result.graph_signature),
                 copy.deepcopy(result.range_constraints),
-                copy.deepcopy(result.module_call_graph),
+                call_graph_copy(result.module_call_graph),
                 list(result.verifiers),
                 tuple(constant_names(ep)),
             )
@@ -335,6 +335,18 @@ def _substitute(code: str, names: dict[str, str]) -> str:
         return code
     pattern = re.compile(r"\b(" + "|".join(map(re.escape, names)) + r")\b")
     return pattern.sub(lambda m: names[m.group(1)], code)
+
+
+def call_graph_copy(module_call_graph: list[Any]) -> list[Any]:
+    """A deep copy of an ExportedProgram's module call graph sharing its pytree specs: they are immutable,
+    and copying one makes torch warn (a FutureWarning about ``LeafSpec``) from our code, outside any
+    backend's contained toolchain calls, which a host's ``filterwarnings = error`` turns into a failure."""
+    memo: dict[int, Any] = {}
+    for entry in module_call_graph:
+        if entry.signature is not None:
+            for spec in (entry.signature.in_spec, entry.signature.out_spec):
+                memo[id(spec)] = spec
+    return copy.deepcopy(module_call_graph, memo)
 
 
 def private_copy(
