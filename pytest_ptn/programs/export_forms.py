@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import copy
 import re
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +21,13 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
-from pytest_ptn.programs.exported import CONSTANT_KINDS, call_graph_copy, private_copy, renamed_signature
+from pytest_ptn.programs.exported import (
+    CONSTANT_KINDS,
+    RecentForms,
+    call_graph_copy,
+    private_copy,
+    renamed_signature,
+)
 
 _PREFIX = {InputKind.PARAMETER: "p_", InputKind.BUFFER: "b_", InputKind.CONSTANT_TENSOR: "c_"}
 
@@ -120,9 +124,7 @@ class ExportForms:
     methods served each way."""
 
     def __init__(self, size: int):
-        self._size = size
-        self._forms: OrderedDict[str, ExportForm | None] = OrderedDict()
-        self._lock = threading.Lock()
+        self._forms: RecentForms[ExportForm] = RecentForms(size)
         self.reused = 0
         self.exported = 0
 
@@ -135,23 +137,18 @@ class ExportForms:
     ) -> ExportedProgram:
         """``torch.export.export(module, inputs, strict=False)``, from the form of ``key`` when there is one
         (None: a module this cache cannot key)."""
-        with self._lock:
-            form = self._forms.get(key) if key is not None else None
-            if form is not None:
-                self._forms.move_to_end(key)  # type: ignore[arg-type]
+        known, form = self._forms.get(key) if key is not None else (False, None)
         if form is not None:
             bound = form.bind(module, inputs, fqns)
             if bound is not None:
-                with self._lock:
+                with self._forms.lock:
                     self.reused += 1
                 return bound
         ep = torch.export.export(module, inputs, strict=False)
-        with self._lock:
+        with self._forms.lock:
             self.exported += 1
-            if key is not None and key not in self._forms:
-                self._forms[key] = ExportForm.of(ep, fqns)
-                while len(self._forms) > self._size:
-                    self._forms.popitem(last=False)
+        if key is not None and not known:
+            self._forms.add(key, ExportForm.of(ep, fqns))
         return ep
 
 

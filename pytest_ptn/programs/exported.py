@@ -11,7 +11,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Generic, TypeVar, cast
 
 import torch
 from torch.export import ExportedProgram
@@ -225,6 +225,33 @@ class FunctionalForm:
         )
 
 
+V = TypeVar("V")
+
+
+class RecentForms(Generic[V]):
+    """The forms of the most recent ``size`` keys, the first form made for a key kept; ``lock`` also guards
+    the counters of the cache that holds it. ``None`` is a form too: a key known to make none."""
+
+    def __init__(self, size: int):
+        self._size = size
+        self._forms: OrderedDict[str, V | None] = OrderedDict()
+        self.lock = threading.Lock()
+
+    def get(self, key: str) -> tuple[bool, V | None]:
+        """Whether ``key`` is known and its form, marking it recent."""
+        with self.lock:
+            known = key in self._forms
+            if known:
+                self._forms.move_to_end(key)
+            return known, self._forms.get(key)
+
+    def add(self, key: str, form: V | None) -> None:
+        with self.lock:
+            self._forms.setdefault(key, form)
+            while len(self._forms) > self._size:
+                self._forms.popitem(last=False)
+
+
 class FunctionalForms:
     """Functional forms by a key of everything ``run_decompositions`` reads but tensor values and constant
     names.
@@ -238,19 +265,14 @@ class FunctionalForms:
     served each way."""
 
     def __init__(self, size: int):
-        self._size = size
-        self._forms: OrderedDict[str, FunctionalForm | None] = OrderedDict()
-        self._lock = threading.Lock()
+        self._forms: RecentForms[FunctionalForm] = RecentForms(size)
         self.reused = 0
         self.decomposed = 0
 
     def functional(self, ep: ExportedProgram) -> ExportedProgram:
         key = form_key(ep)
-        with self._lock:
-            known = key in self._forms
-            form = self._forms.get(key)
-            if known:
-                self._forms.move_to_end(key)
+        known, form = self._forms.get(key)
+        with self._forms.lock:
             if form is not None:
                 self.reused += 1
             else:
@@ -275,10 +297,7 @@ class FunctionalForms:
             if same_tensors
             else None
         )
-        with self._lock:
-            self._forms[key] = form
-            while len(self._forms) > self._size:
-                self._forms.popitem(last=False)
+        self._forms.add(key, form)
         return result
 
 
