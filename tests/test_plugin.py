@@ -491,22 +491,22 @@ def test_xdist_runs_each_case_on_one_worker(
     assert all(len(pids) == 1 for pids in workers.values()), workers
 
 
-@pytest.mark.parametrize("args", [[], ["-n", "0"]], ids=["one-worker", "in-process"])
+@pytest.mark.parametrize("in_process", [False, True], ids=["one-worker", "in-process"])
 def test_tests_that_wait_for_the_clock_run_after_every_case(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, args: list[str]
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, in_process: bool
 ) -> None:
     """Without -n, P9's tests (a second lowering once the zip clock has moved past the first package) run
     last: the packages they compare with are then seconds old, so they wait for nothing."""
-    monkeypatch.delenv("PYTEST_ADDOPTS")  # the default, one worker
-    result = pytester.runpytest_subprocess(
+    args = (
         "--ptn-backend=reference",
         "-k",
         "(single_method or colliding_literals) and not in_bf16 and not in_fp16",
-        "-v",
-        "-p",
-        "no:cacheprovider",
-        *args,
     )
+    if in_process:
+        result = run(pytester, *args, "-v", "-n", "0")
+    else:
+        monkeypatch.delenv("PYTEST_ADDOPTS")  # the default, one worker
+        result = pytester.runpytest_subprocess(*args, "-v", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.OK, result.stdout.str()
     done = [
         re.sub(r".*?(test_\w+\.py::\S+).*", r"\1", line) for line in result.stdout.lines if " PASSED" in line
