@@ -84,9 +84,14 @@ def failures(pytester: pytest.Pytester) -> list[dict]:
 
 
 def test_segfault_fails_the_tests_that_load_and_the_run_goes_on(crashing: pytest.Pytester) -> None:
-    result = run(crashing, "SegfaultOnLoad", select=f"({COLLIDING_LITERALS}) or generated")
+    """Loaded with ``-p pytest_ptn.plugin`` (the nightly job's source checkout), which registers the plugin
+    before xdist: the one-worker default must not depend on that order (the listed-crash test below loads
+    it by its entry point)."""
+    dash_p = ("-p", "no:ptn", "-p", "pytest_ptn.plugin")
+    result = run(crashing, "SegfaultOnLoad", *dash_p, select=f"({COLLIDING_LITERALS}) or generated")
     outcomes = result.parseoutcomes()
     assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+    result.stdout.fnmatch_lines(["*crash isolation on*", "created: 1/1 worker*"])
     assert outcomes.get("passed", 0) >= 6, outcomes  # P1-P5, P9 only lower
     assert outcomes["failed"] == 7, (
         outcomes
@@ -114,27 +119,6 @@ def test_abort_under_xdist_fails_the_running_tests_and_the_run_goes_on(crashing:
     failed = failures(crashing)
     assert failed and all("SIGABRT" in r["reason"] for r in failed), failed
     assert "MUST: all pass" not in (crashing.path / "report" / "summary.md").read_text()
-
-
-def test_a_plugin_loaded_with_dash_p_still_isolates(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``-p pytest_ptn.plugin`` (the nightly job's source checkout) registers the plugin before xdist: the
-    one-worker default must not depend on that order."""
-    monkeypatch.delenv("PYTEST_ADDOPTS")
-    result = pytester.runpytest_subprocess(
-        "-p",
-        "no:ptn",
-        "-p",
-        "pytest_ptn.plugin",
-        "--ptn-backend=reference",
-        "-k",
-        "single_method and each_method",
-        "-p",
-        "no:cacheprovider",
-    )
-    assert result.ret == pytest.ExitCode.OK, result.stdout.str()
-    result.stdout.fnmatch_lines(["*crash isolation on*", "created: 1/1 worker*"])
 
 
 def test_in_process_run_says_a_crash_ends_it(pytester: pytest.Pytester) -> None:
