@@ -251,6 +251,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if workerinput and workerinput.get("ptn_by_case"):  # see Xdist.pytest_xdist_make_scheduler
         items.sort(key=lambda item: _callspec_param(item, "ptn_scenario") is not None)
     items.sort(key=lambda item: not WAITS_FOR_CLOCK.isdisjoint(rules_of(item)))
+    suite = suite_path()  # a module lookup: once, not per test
     for item in items:
         rules = rules_of(item)
         if not rules:
@@ -262,7 +263,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.user_properties.extend(("ptn_rule", r) for r in rules)
         if backend is not None:
             item.user_properties.append(("ptn_backend", backend))
-            repro = collect.repro_command(item, backend, SUITE_PACKAGE, suite_path())
+            repro = collect.repro_command(item, backend, SUITE_PACKAGE, suite)
             item.user_properties.append(("ptn_repro", repro))
         if scenario is not None:
             item.user_properties.append(("ptn_scenario", scenario))
