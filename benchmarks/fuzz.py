@@ -13,17 +13,14 @@ profile's ``max_examples`` (a longer run shows the steady rate once the bounded 
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
 sys.path = [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(_HERE)]  # see packaging.py
 
 from _common import machine, table  # noqa: E402
-from suite import Tree, loadavg, trees  # noqa: E402
+from suite import Tree, child_json, loadavg, trees  # noqa: E402
 
 CHILD = """\
 import json, sys, tempfile, time
@@ -92,20 +89,7 @@ print(json.dumps({"programs": len(seconds), "seconds": sum(seconds), "wall": tim
 
 def measure(tree: Tree, backend: str, examples: int) -> dict[str, float]:
     load = loadavg()
-    # From an empty folder: ``python -c`` puts the working directory first on sys.path, which made both
-    # sides import the checkout the script was started in.
-    with tempfile.TemporaryDirectory(prefix="ptn-fuzz-") as empty:
-        proc = subprocess.run(
-            [sys.executable, "-c", CHILD, backend, str(examples)],
-            cwd=empty,
-            env=tree.env,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-    if proc.returncode:
-        raise SystemExit(f"{tree.side} {backend}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
-    result = json.loads(proc.stdout.splitlines()[-1])
+    result = child_json(tree, f"fuzz on {backend}", CHILD, backend, str(examples))
     result["load"] = f"{load} -> {loadavg()}"
     rate = result["programs"] / result["seconds"]
     print(f"  {tree.side} {backend}: {rate:.2f}/s, {result}", file=sys.stderr, flush=True)

@@ -143,12 +143,14 @@ def tree_env(root: Path, shim: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path}
 
 
-def check_tree(tree: Tree) -> None:
-    """Fail unless a child in ``tree``'s environment imports pytest_ptn, its plugin and its suite from
-    ``tree``."""
-    with tempfile.TemporaryDirectory(prefix="ptn-probe-") as empty:
+def child_json(tree: Tree, what: str, code: str, *args: str) -> dict:
+    """The JSON line a ``python -c code args`` child in ``tree``'s environment prints last. It runs from an
+    empty folder: ``-c`` puts the working directory first on sys.path, which made a child import the
+    checkout this script was started in instead of ``tree``. A failing child ends the script, its output
+    and ``what`` it was said."""
+    with tempfile.TemporaryDirectory(prefix="ptn-child-") as empty:
         proc = subprocess.run(
-            [sys.executable, "-c", PROBE],
+            [sys.executable, "-c", code, *args],
             cwd=empty,
             env=tree.env,
             capture_output=True,
@@ -156,8 +158,18 @@ def check_tree(tree: Tree) -> None:
             check=False,
         )
     if proc.returncode:
-        raise SystemExit(f"{tree.side} ({tree.root}): probe failed\n{proc.stdout}{proc.stderr}")
-    where = json.loads(proc.stdout.strip().splitlines()[-1])
+        raise SystemExit(
+            f"{tree.side} ({tree.root}) {what}: exit {proc.returncode}\n"
+            f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+        )
+    result: dict = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def check_tree(tree: Tree) -> None:
+    """Fail unless a child in ``tree``'s environment imports pytest_ptn, its plugin and its suite from
+    ``tree``."""
+    where = child_json(tree, "probe", PROBE)
     paths = [where["pytest_ptn"], where["plugin"], *where["conformance"]]
     print(f"{tree.side} ({tree.commit}) imports {', '.join(paths)}", file=sys.stderr)
     outside = [p for p in paths if not Path(p).resolve().is_relative_to(tree.root.resolve())]
