@@ -1,9 +1,32 @@
+import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+EXTRAS = {"openvino": ("openvino", "nncf")}
+"""pyproject's optional extras that tests need, by the modules each installs: a test marked
+``@pytest.mark.extra(NAME)`` skips, naming the extra, where they are missing, so the README's install line
+gives the same verdicts as one with every extra (.ci/run runs ``-m extra`` again once they are in)."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "extra(name): needs the optional extra NAME; skipped, naming it, where it is missing"
+    )
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for mark in item.iter_markers("extra"):
+        (name,) = mark.args
+        missing = [m for m in EXTRAS[name] if importlib.util.find_spec(m) is None]
+        if missing:
+            pytest.skip(
+                f"needs the {name} extra ({', '.join(missing)} not installed): "
+                f"pip install -e '.[test,executorch,{name}]'"
+            )
 
 
 @pytest.fixture(scope="session")
