@@ -34,9 +34,18 @@ an element by the size of the values themselves, while the bound for bf16 is abo
 eager's own noise at it; tests/test_comparison.py shows each broken reference variant is still caught on the
 bf16 and fp16 scenarios.
 
-A float32 program a backend computes in bf16 (OpenVINO's CPU default on AVX512_BF16 CPUs) is still a float32
-program: it is compared with the float32 bound and fails. ``within_rounding`` only labels the failure (within
-two bf16 steps of each value, or beyond), so a precision deviation is told apart from another method's tensor.
+Two questions use this bound, with two truths (pytest_ptn.check.alone):
+- **isolation** (E1, E3, E4, E5): does each method of the program compute what the same backend computes for
+  it alone, its state explicit? ``want`` is then the backend's own result for the method alone, and the
+  noise term is still eager's (``eager``: the eager result ``wide`` pairs with): two computations of the same
+  values in the same dtype, by the same kernels, differ by no more than two computations by any kernels.
+  Kernels that compute differently from eager show alone too, so they never make an isolation failure.
+- **accuracy** (A1): does the method alone agree with eager? ``want`` is eager's result, as above.
+
+A backend that computes float32 programs in a coarser dtype on this machine (OpenVINO's CPU default on
+AVX512_BF16 CPUs: ``Backend.float32_computed_in``) declares it, and its float32 results are compared with the
+bound of that dtype (``computed_in``): its rounding steps, not float32's. The precision is said in the run
+header and in every failure, so a verdict holds on a CPU with bf16 arithmetic and on one without.
 """
 
 from __future__ import annotations
@@ -75,16 +84,27 @@ def reduced_precision(t: torch.Tensor) -> bool:
 
 
 def allowed(
-    want: torch.Tensor, wide: torch.Tensor | None = None, tolerance: Tolerance | None = None
+    want: torch.Tensor,
+    wide: torch.Tensor | None = None,
+    tolerance: Tolerance | None = None,
+    computed_in: torch.dtype | None = None,
+    eager: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The largest difference from ``want`` (eager) each element may show, in float64 (see the module)."""
+    """The largest difference from ``want`` each element may show, in float64 (see the module): ``wide`` is
+    eager's float64 run beside ``eager`` (by default ``want`` itself, eager's result); ``computed_in`` a
+    coarser dtype the backend declares it computes ``want``'s in."""
     import torch
 
     e = want.detach().to(torch.float64)
     eps = torch.finfo(want.dtype).eps if want.is_floating_point() else 0.0
+    if computed_in is not None and want.is_floating_point():
+        eps = max(eps, torch.finfo(computed_in).eps)
     bound = FLOOR * (1 + e.abs()) + 2 * eps * e.abs()
-    if wide is not None and wide.shape == want.shape and want.numel():
-        bound = bound + 2 * (e - wide.detach().to(torch.float64)).abs().max()
+    noise_of = want if eager is None else eager
+    if wide is not None and wide.shape == noise_of.shape and noise_of.numel():
+        bound = (
+            bound + 2 * (noise_of.detach().to(torch.float64) - wide.detach().to(torch.float64)).abs().max()
+        )
     if tolerance is not None:
         bound = bound + tolerance.atol + tolerance.rtol * e.abs()
     return bound
@@ -95,6 +115,8 @@ def close(
     want: torch.Tensor,
     wide: torch.Tensor | None = None,
     tolerance: Tolerance | None = None,
+    computed_in: torch.dtype | None = None,
+    eager: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Elementwise: ``have`` equals ``want`` within the bound (same shape required; NaN equals NaN)."""
     import torch
@@ -102,7 +124,8 @@ def close(
     if not (want.is_floating_point() or want.is_complex()):
         return have.detach().to(want.dtype) == want.detach()
     h, e = have.detach().to(torch.float64), want.detach().to(torch.float64)
-    return ((h - e).abs() <= allowed(want, wide, tolerance)) | (h.isnan() & e.isnan())
+    bound = allowed(want, wide, tolerance, computed_in, eager)
+    return ((h - e).abs() <= bound) | (h.isnan() & e.isnan())
 
 
 def equal(
@@ -110,13 +133,23 @@ def equal(
     want: torch.Tensor,
     wide: torch.Tensor | None = None,
     tolerance: Tolerance | None = None,
+    computed_in: torch.dtype | None = None,
+    eager: torch.Tensor | None = None,
 ) -> bool:
     """``have`` has ``want``'s shape and every element within the bound."""
-    return have.shape == want.shape and bool(close(have, want, wide, tolerance).all())
+    return have.shape == want.shape and bool(close(have, want, wide, tolerance, computed_in, eager).all())
 
 
-def within_rounding(have: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> bool:
-    """Whether every element of ``have`` is within the bound of ``want`` rounded to the coarser ``dtype``
-    (two of its steps of each value): what a backend that computes a float32 program in bf16 may show. It
-    labels a difference, it never passes one: the program is float32 and is compared as float32."""
-    return equal(have, want.to(dtype))
+def snr_db(have: torch.Tensor, want: torch.Tensor) -> float:
+    """Signal-to-noise ratio of ``have`` against ``want`` in dB, ``20 log10(|have| / |have - want|)`` (L2
+    norms), as ExecuTorch's backend test suite reports it (its ErrorStatistics.sqnr); inf where they agree."""
+    import math
+
+    import torch
+
+    h, w = have.detach().to(torch.float64), want.detach().to(torch.float64)
+    noise = float(torch.linalg.vector_norm(h - w))
+    signal = float(torch.linalg.vector_norm(h))
+    if noise == 0:
+        return math.inf
+    return 20 * math.log10(signal / noise) if signal else -math.inf

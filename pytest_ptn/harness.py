@@ -18,7 +18,8 @@ from pytest_ptn.session import LoweringCache
 if TYPE_CHECKING:
     import torch
 
-    from pytest_ptn.backend import Backend, Loaded, Lowered, ReducedPrecision
+    from pytest_ptn.backend import Backend, Loaded, Lowered
+    from pytest_ptn.check.alone import CallAlone, MethodsAlone
     from pytest_ptn.comparison import Tolerance
     from pytest_ptn.programs.build import EagerCall
     from pytest_ptn.programs.user import UserScenario
@@ -42,6 +43,9 @@ class ProgramUnderTest(Protocol):
 
     def state_fqns(self) -> dict[str, torch.Tensor]:
         """Initial value of every buffer some method writes, by FQN."""
+
+    def buffer_fqns(self) -> dict[str, torch.Tensor]:
+        """Initial value of every buffer, written or only read, by FQN."""
 
     def with_other_values(self) -> ProgramUnderTest:
         """The same names, shapes and calls holding other tensors (S4's second program)."""
@@ -191,57 +195,192 @@ class Case:
                     out.setdefault(c.name, []).append((other.name, value))
         return out
 
-    def run_sequence(
+    def alone(self) -> MethodsAlone:
+        """Each method of this case lowered alone by a new instance of its backend's class (loader caches
+        of its own), state explicit (pytest_ptn.check.alone): the truth isolation is judged against; shared
+        by the case's tests, lowered at first need."""
+        from pytest_ptn.check.alone import MethodsAlone
+        from pytest_ptn.programs.exported import functionalize
+
+        key = (id(self.backend), self.scenario.name)
+        if key not in self._cache.alone:
+            name = self.scenario.name
+            self._cache.alone[key] = MethodsAlone(
+                type(self.backend)(),
+                lambda: functionalize(self.program.export()),
+                self.program.state_fqns(),
+                lambda what: self._workdir(f"{name}-{what}"),
+                self._enter,
+            )
+        return self._cache.alone[key]
+
+    def run_calls(
         self,
         loaded: Loaded,
-        calls: list[EagerCall] | None = None,
+        calls: list[EagerCall],
         schedule: LoadSchedule = LoadSchedule.AT_FIRST_CALL,
-    ) -> list[Mismatch]:
-        """Run the call sequence on ``loaded``, methods loaded as ``schedule`` says; every way it differs from
-        eager (pytest_ptn.comparison decides what is equal). A backend that computes float32 in a coarser
-        dtype here (Backend.float32_computed_in) gets each float32 difference labelled with that, and with
-        whether that dtype's rounding accounts for it; the comparison itself stays float32."""
-        import torch
-
-        from pytest_ptn.comparison import close, equal
-
-        reduced = self.backend.float32_computed_in()
-        mismatches = []
-        calls = calls if calls is not None else self.eager()
+        state: bool = False,
+    ) -> list[Ran]:
+        """What ``loaded`` gives for each call, methods loaded as ``schedule`` says (and its state view after
+        each call, where ``state``)."""
         loads = schedule.loads(self.program.method_names, [c.method for c in calls])
-        for i, (call, to_load) in enumerate(zip(calls, loads, strict=True)):
+        ran = []
+        for call, to_load in zip(calls, loads, strict=True):
             for method in to_load:
                 self._enter(f"loading {method}()")
                 loaded.load_method(method)
             given = [t.clone() for t in call.inputs]
             self._enter(f"running {call.method}()")
-            got = loaded.run(call.method, given)
-            if len(got) != len(call.outputs):
-                mismatches.append(
-                    Mismatch(i, call.method, f"{len(got)} outputs, eager gives {len(call.outputs)}")
-                )
-                continue
-            names = self.read_names(call.method)
-            tolerance = self.tolerance
-            for want, have, wide in zip(call.outputs, got, call.output_bounds(), strict=True):
-                if not equal(have, want, wide, tolerance):
-                    ok = close(have, want, wide, tolerance) if have.shape == want.shape else None
-                    labelled = reduced if want.dtype == torch.float32 else None
-                    coarser = getattr(torch, labelled.dtype) if labelled is not None else None
-                    owners = self._owners(call.method, call.inputs)
-                    detail = _describe(names, want, have, ok, owners, coarser)
-                    if labelled is not None:
-                        detail += f"; {_precision_label(labelled, have, want)}"
-                    mismatches.append(Mismatch(i, call.method, detail + self._read_elsewhere(i, have, calls)))
-            wide_after = call.wide.inputs_after if call.wide is not None else (None,) * len(given)
-            for j, (want, have, wide) in enumerate(zip(call.inputs_after, given, wide_after, strict=True)):
-                if not equal(have, want, wide, tolerance):
-                    mismatches.append(
-                        Mismatch(
-                            i, call.method, f"input {j} after the call is {_fmt(have)}, eager {_fmt(want)}"
-                        )
-                    )
+            outputs = list(loaded.run(call.method, given))
+            shown = {k: t.clone() for k, t in loaded.state().items()} if state else None
+            ran.append(Ran(outputs, given, shown))
+        return ran
+
+    def run_sequence(
+        self,
+        loaded: Loaded,
+        calls: list[EagerCall] | None = None,
+        schedule: LoadSchedule = LoadSchedule.AT_FIRST_CALL,
+        state: bool = False,
+    ) -> list[Mismatch]:
+        """Run the call sequence on ``loaded``, methods loaded as ``schedule`` says: every way it differs from
+        what the backend computes for each method alone (E1, E3, E4, E5), where it differs from eager."""
+        calls = calls if calls is not None else self.eager()
+        return self.mismatches(calls, self.run_calls(loaded, calls, schedule, state))
+
+    def mismatches(self, calls: list[EagerCall], ran: list[Ran]) -> list[Mismatch]:
+        """Each output, mutated input and (where ``ran`` has it) buffer that differs from eager
+        (pytest_ptn.comparison) and from what the method alone gives on this backend: an isolation defect.
+        A difference the method alone shows too is its arithmetic, accuracy's business (``accuracy``). Where
+        no method alone can be had, the difference is reported against eager, saying so."""
+        deviations, mismatches = self._deviations(calls, ran)
+        if not deviations:
+            return mismatches
+        alone, unavailable = self._alone(calls)
+        for d in deviations:
+            truth = d.of(alone[d.call]) if alone is not None else None
+            if truth is not None and self._same(d, truth):
+                continue  # the method alone computes it so: accuracy, not isolation
+            detail = self._detail(d, calls)
+            if truth is not None and not self._same_as_eager(d, truth):
+                detail += f"; alone, the method gives {_fmt(truth)}"
+            if unavailable is not None:
+                detail += f" (judged against eager: {unavailable})"
+            mismatches.append(Mismatch(d.call, calls[d.call].method, detail))
+        return sorted(mismatches, key=lambda m: m.call)
+
+    def accuracy(self, loaded: Loaded) -> list[Mismatch]:
+        """A1: where the program's results differ from eager's, how each method alone differs from eager
+        (max abs, max rel, SNR, and the precision the backend declares it computes float32 in)."""
+        import torch
+
+        from pytest_ptn.check.alone import AloneUnavailable
+        from pytest_ptn.check.findings import Difference
+
+        calls = self.eager()
+        deviations, _ = self._deviations(calls, self.run_calls(loaded, calls, LoadSchedule.UP_FRONT))
+        if not deviations:
+            return []
+        try:
+            alone = self.alone().run([(c.method, c.inputs) for c in calls])
+        except AloneUnavailable as e:
+            import pytest
+
+            from pytest_ptn.ruleset import not_applicable
+
+            pytest.skip(not_applicable(f"no truth of the methods alone: {e}"))
+        reduced = self.backend.float32_computed_in()
+        mismatches = []
+        for d in deviations:
+            truth = d.of(alone[d.call])
+            if truth is None or self._same_as_eager(d, truth):
+                continue  # alone, the method agrees with eager: the program's difference is isolation's
+            difference = Difference.between(truth, d.want, d.wide, self.tolerance, self._computed_in(d.want))
+            detail = f"{d.what}: {difference}" if difference is not None else f"{d.what}: {_fmt(truth)}"
+            if reduced is not None and d.want.dtype == torch.float32:
+                detail += f"; {reduced.why}"
+            mismatches.append(Mismatch(d.call, calls[d.call].method, detail))
         return mismatches
+
+    def _alone(self, calls: list[EagerCall]) -> tuple[list[CallAlone] | None, str | None]:
+        from pytest_ptn.check.alone import AloneUnavailable
+
+        try:
+            return self.alone().run([(c.method, c.inputs) for c in calls]), None
+        except AloneUnavailable as e:
+            return None, f"no truth of the method alone: {e}"
+
+    def _computed_in(self, want: torch.Tensor) -> torch.dtype | None:
+        """The coarser dtype the backend declares it computes ``want``'s float32 values in, or None."""
+        import torch
+
+        reduced = self.backend.float32_computed_in()
+        return getattr(torch, reduced.dtype) if reduced is not None and want.dtype == torch.float32 else None
+
+    def _same(self, d: Deviation, truth: torch.Tensor) -> bool:
+        """The program's value equals what the method alone gives (the same bound, eager's noise kept)."""
+        from pytest_ptn.comparison import equal
+
+        return equal(d.have, truth, d.wide, None, self._computed_in(d.want), eager=d.want)
+
+    def _same_as_eager(self, d: Deviation, value: torch.Tensor) -> bool:
+        from pytest_ptn.comparison import equal
+
+        return equal(value, d.want, d.wide, self.tolerance, self._computed_in(d.want))
+
+    def _deviations(self, calls: list[EagerCall], ran: list[Ran]) -> tuple[list[Deviation], list[Mismatch]]:
+        """Every value that differs from eager's, and the mismatches no truth can excuse (a missing output or
+        buffer, another number of outputs)."""
+        deviations, mismatches = [], []
+        for i, (call, got) in enumerate(zip(calls, ran, strict=True)):
+            if len(got.outputs) != len(call.outputs):
+                detail = f"{len(got.outputs)} outputs, eager gives {len(call.outputs)}"
+                mismatches.append(Mismatch(i, call.method, detail))
+                continue
+            outputs = zip(call.outputs, got.outputs, call.output_bounds(), strict=True)
+            wide_after = call.wide.inputs_after if call.wide is not None else (None,) * len(call.inputs_after)
+            inputs = zip(call.inputs_after, got.inputs_after, wide_after, strict=True)
+            values: list[tuple[str, int | str, torch.Tensor, torch.Tensor, torch.Tensor | None]] = [
+                *(("output", j, h, w, b) for j, (w, h, b) in enumerate(outputs)),
+                *(("input", j, h, w, b) for j, (w, h, b) in enumerate(inputs)),
+            ]
+            if got.state is not None:
+                for key, want in call.state_after.items():
+                    have = got.state.get(key)
+                    if have is None:
+                        mismatches.append(
+                            Mismatch(i, call.method, f"buffer {key!r} is missing from the state")
+                        )
+                    else:
+                        values.append(("buffer", key, have, want, call.widened(key)))
+            for kind, where, have, want, wide in values:
+                deviation = Deviation(i, kind, where, have, want, wide)
+                if not self._same_as_eager(deviation, have):
+                    deviations.append(deviation)
+        return deviations, mismatches
+
+    def _detail(self, d: Deviation, calls: list[EagerCall]) -> str:
+        """What differs, in the words of the value: an output value by value where each reads one name (and
+        whose tensor it equals), an input or buffer as its first values."""
+        if d.kind == "input":
+            return f"input {d.where} after the call is {_fmt(d.have)}, eager {_fmt(d.want)}"
+        if d.kind == "buffer":
+            return f"buffer {d.where!r} is {_fmt(d.have)}, eager {_fmt(d.want)}"
+        from pytest_ptn.comparison import close
+
+        call = calls[d.call]
+        computed_in = self._computed_in(d.want)
+        ok = (
+            close(d.have, d.want, d.wide, self.tolerance, computed_in)
+            if d.have.shape == d.want.shape
+            else None
+        )
+        owners = self._owners(call.method, call.inputs)
+        detail = _describe(self.read_names(call.method), d.want, d.have, ok, owners, computed_in)
+        reduced = self.backend.float32_computed_in()
+        if computed_in is not None and reduced is not None:
+            detail += f"; {reduced.why}"
+        return detail + self._read_elsewhere(d.call, d.have, calls)
 
     def _read_elsewhere(self, call: int, have: torch.Tensor, calls: list[EagerCall]) -> str:
         """For a quantized program: whose same-named quantized constant (``_frozen_param0``) the output is
@@ -255,23 +394,61 @@ class Case:
         return "".join(f": it read method {method!r}'s {key!r}" for method, key in found[:1])
 
 
+@dataclass
+class Ran:
+    """What a loaded program gave on one call."""
+
+    outputs: list[torch.Tensor]
+    inputs_after: list[torch.Tensor]
+    state: dict[str, torch.Tensor] | None
+    """The state view after the call, where it was asked for."""
+
+
+@dataclass
+class Deviation:
+    """A value the backend gave that differs from eager's: an output, an input after the call or a buffer."""
+
+    call: int
+    kind: str
+    """``output``, ``input`` or ``buffer``."""
+    where: int | str
+    """The output's or input's position, or the buffer's key."""
+    have: torch.Tensor
+    want: torch.Tensor
+    wide: torch.Tensor | None
+
+    @property
+    def what(self) -> str:
+        return f"buffer {self.where!r}" if self.kind == "buffer" else f"{self.kind} {self.where}"
+
+    def of(self, alone: CallAlone) -> torch.Tensor | None:
+        """The same value in what the method alone gave (None where it gave none)."""
+        import torch
+
+        if isinstance(self.where, str):
+            return alone.state_after.get(self.where)
+        values: list[object] = list(alone.outputs if self.kind == "output" else alone.inputs_after)
+        value = values[self.where] if self.where < len(values) else None
+        return value if isinstance(value, torch.Tensor) else None
+
+
 def _describe(
     names: list[str],
     want: torch.Tensor,
     have: torch.Tensor,
     ok: torch.Tensor | None,
     owners: dict[str, list[tuple[str, float]]],
-    coarser: torch.dtype | None,
+    computed_in: torch.dtype | None,
 ) -> str:
     """What differs, value by value where each value reads one name; ``ok`` the elementwise comparison (None
-    when the shapes differ). ``coarser``: the dtype the backend computed this float32 output in, whose
+    when the shapes differ). ``computed_in``: the dtype the backend computed this float32 output in, whose
     rounding a value read from another method's tensor may show."""
     if ok is None:
         return f"output shape {tuple(have.shape)}, eager {tuple(want.shape)}"
     from pytest_ptn.comparison import allowed
 
     parts = []
-    bound = allowed(want if coarser is None else want.to(coarser)).reshape(-1)
+    bound = allowed(want, computed_in=computed_in).reshape(-1)
     for k, name in enumerate(names[: want.numel()]):
         if not bool(ok.reshape(-1)[k]):
             w, h = float(want.reshape(-1)[k]), float(have.reshape(-1)[k])
@@ -280,20 +457,6 @@ def _describe(
             seen = f": it read method {whose[0]!r}'s {name!r}" if whose else ""
             parts.append(f"value {k} (reads {name!r}) is {h:.6g}, eager {w:.6g}{seen}")
     return "; ".join(parts) or f"output {_fmt(have)}, eager {_fmt(want)}"
-
-
-def _precision_label(reduced: ReducedPrecision, have: torch.Tensor, want: torch.Tensor) -> str:
-    """What a float32 difference of a backend computing in a coarser dtype is, by that dtype's rounding."""
-    import torch
-
-    from pytest_ptn.comparison import within_rounding
-
-    if within_rounding(have, want, getattr(torch, reduced.dtype)):
-        return (
-            f"{reduced.why}: within {reduced.dtype} rounding of eager (two {reduced.dtype} steps of each "
-            "value), a precision deviation, not another method's tensor; still a failure of a float32 program"
-        )
-    return f"{reduced.why}: beyond {reduced.dtype} rounding of eager as well, which does not explain it"
 
 
 def _fmt(t: torch.Tensor) -> str:

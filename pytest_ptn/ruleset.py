@@ -1,4 +1,4 @@
-"""The numbered rules of conformance spec v1 as data, and the words a test's outcome is told in, so markers,
+"""The numbered rules of the conformance spec as data, and the words a test's outcome is told in, so markers,
 reports and tests share one list and one vocabulary."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 from pytest_ptn.backend import Backend, Capability
 
-SPEC_VERSION = "1"
+SPEC_VERSION = "2"
+"""2: isolation is judged against each method alone on the same backend, and accuracy (A1) is its own rule."""
 
 MUST = "MUST"
 SHOULD = "SHOULD"
@@ -74,6 +75,7 @@ RULES: dict[str, Rule] = {
         Rule("S7", "concurrent loads", "SHOULD"),
         Rule("X1", "clear rejection", "MUST"),
         Rule("X2", "malformed packages", "MUST"),
+        Rule("A1", "agrees with eager", "SHOULD"),
     )
 }
 
@@ -85,6 +87,7 @@ RULE_NEEDS: dict[str, frozenset[Capability]] = {
     "S6": frozenset({Capability.EXECUTE, Capability.MEMORY}),
     "X1": frozenset(),
     "X2": frozenset({Capability.PACKAGE}),
+    "A1": frozenset({Capability.EXECUTE}),
 }
 """What a backend must be able to show for a rule's tests to apply to it."""
 

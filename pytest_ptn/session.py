@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from torch.export import ExportedProgram
 
     from pytest_ptn.backend import Lowered
+    from pytest_ptn.check.alone import MethodsAlone
     from pytest_ptn.programs.user import NamedProgram, UserScenario
     from pytest_ptn.spec import ProgramSpec, Scenario
 
@@ -26,9 +27,11 @@ bundle."""
 @dataclass
 class LoweringCache:
     """What the tests of one run share per case, because computing it is slow: each (backend, scenario)
-    lowering or the exception that rejected it, and each scenario's functionalized programs to inspect."""
+    lowering or the exception that rejected it, its methods lowered alone (the truth of isolation), and each
+    scenario's functionalized programs to inspect."""
 
     lowered: dict[tuple[int, str], Lowered | Exception] = field(default_factory=dict)
+    alone: dict[tuple[int, str], MethodsAlone] = field(default_factory=dict)
     inspected: dict[str, dict[str, ExportedProgram]] = field(default_factory=dict)
 
 

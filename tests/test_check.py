@@ -89,7 +89,8 @@ def test_a_name_sharing_loader_is_found_with_numbers_and_whose_constant_it_read(
     assert wrong.difference is not None and wrong.difference.max_abs == pytest.approx(36.0)
     assert wrong.difference.first[0] == ((0,), 2.0, 11.0)
     assert str(wrong) == (
-        "E1: call #1 decode(): output 0: 4 of 4 elements differ, max abs error 36, max rel error 0.818; "
+        "E1: call #1 decode(): output 0: 4 of 4 elements differ, max abs error 36, max rel error 0.818, "
+        "SNR -13.1 dB; "
         "[0] is 2 (eager 11), [1] is 4 (eager 22), [2] is 6 (eager 33); "
         "it equals what method 'prefill''s 'lifted_tensor_0' would give"
     )

@@ -24,7 +24,7 @@ import dataclasses
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_ptn.backend import (
     Backend,
@@ -39,6 +39,14 @@ from pytest_ptn.backend import (
 from pytest_ptn.check.findings import Difference, Finding, Stage
 from pytest_ptn.programs.source import ProgramFormError, Source, UserProgram
 from pytest_ptn.reference.planner import StateConflictError
+from pytest_ptn.schedule import LoadSchedule
+
+if TYPE_CHECKING:
+    from pytest_ptn.check.alone import CallAlone
+    from pytest_ptn.check.execution import Compared
+
+ACCURACY = "A1"
+"""The rule a deviation from eager that the method shows alone too is reported under."""
 
 __all__ = ["Difference", "Finding", "Stage", "check_program"]
 
@@ -97,7 +105,6 @@ def _refuse_calls(program: UserProgram, sequence: list) -> None:
 
 
 def _check(backend: Backend, program: UserProgram, sequence: list, workdir: Path) -> list[Finding]:
-    from pytest_ptn.check.execution import run_calls
     from pytest_ptn.check.explain import explain
     from pytest_ptn.check.package import package_findings
     from pytest_ptn.check.storage import concurrent_partition, partition, storage_findings, topology
@@ -120,15 +127,16 @@ def _check(backend: Backend, program: UserProgram, sequence: list, workdir: Path
             k: [m for m, ep in inspected.items() if k in constants_of(ep)] for k in mutable_keys(inspected)
         }
         state_rules = {k: "E3" if len(methods) > 1 else "E4" for k, methods in users.items()}
-    wide = program.wide_eager()
-    findings, returned = run_calls(loaded, program.eager(), sequence, state_rules, wide)
+    judge = Judge(backend, program, sequence, workdir)
+    findings, returned, differing = judge.run(loaded, state_rules)
     if any(f.stage == Stage.LOAD for f in findings):
         return findings
-    findings = explain(findings, returned, program, sequence)
-    failed = {f.call for f in findings}
+    findings, accuracy = judge.apart(findings, differing)
+    findings = explain(findings, returned, program, sequence) + accuracy
+    failed = {f.call for f in findings if f.rule != ACCURACY}
     second = _load_reversed(backend, lowered, program)
-    findings += _second_copy(second, program, sequence, state_rules, failed)
-    findings += _loaded_at_first_call(backend.load(lowered), program, sequence, state_rules, failed)
+    findings += _second_copy(judge, second, state_rules, failed)
+    findings += _loaded_at_first_call(judge, backend.load(lowered), state_rules, failed)
     if Capability.PACKAGE in backend.capabilities:
         findings += package_findings(lowered.package(), inspected)
     if Capability.STORAGE in backend.capabilities:
@@ -149,26 +157,124 @@ def _check(backend: Backend, program: UserProgram, sequence: list, workdir: Path
     return findings
 
 
+class Judge:
+    """Runs the calls on a loaded copy and tells isolation from arithmetic: a value that differs from eager
+    is set beside what the backend computes for the method alone (pytest_ptn.check.alone), lowered at the
+    first such value; one the method alone gives too is no isolation finding, and where the method alone
+    differs from eager that is an accuracy finding (A1)."""
+
+    def __init__(self, backend: Backend, program: UserProgram, sequence: list, workdir: Path):
+        import torch
+
+        reduced = backend.float32_computed_in()
+        self.backend = backend
+        self.program = program
+        self.sequence = sequence
+        self.workdir = workdir
+        self.computed_in = getattr(torch, reduced.dtype) if reduced is not None else None
+        self.precision = reduced.why if reduced is not None else None
+        self._alone: list[CallAlone] | str | None = None
+
+    def run(
+        self,
+        loaded: Loaded,
+        state_rules: dict[str, str] | None,
+        schedule: LoadSchedule = LoadSchedule.UP_FRONT,
+    ) -> tuple[list[Finding], list[list[Any]], list[Compared]]:
+        """One copy's calls: its findings against eager, what each call returned, each differing value."""
+        from pytest_ptn.check.execution import run_calls
+
+        eager, wide = self.program.eager(), self.program.wide_eager()
+        return run_calls(loaded, eager, self.sequence, state_rules, wide, schedule, self.computed_in)
+
+    def apart(
+        self, findings: list[Finding], differing: list[Compared]
+    ) -> tuple[list[Finding], list[Finding]]:
+        """(the isolation findings, the accuracy findings) of one copy's run."""
+        import torch
+
+        from pytest_ptn.comparison import equal
+
+        if not differing:
+            return findings, []
+        alone = self.alone()
+        if isinstance(alone, str):
+            noted = {id(c.finding) for c in differing}
+            judged = [
+                dataclasses.replace(f, detail=f"{f.detail} (judged against eager: {alone})")
+                if id(f) in noted
+                else f
+                for f in findings
+            ]
+            return judged, []
+        arithmetic: set[int] = set()
+        accuracy = []
+        for c in differing:
+            call = c.finding.call
+            truth = c.of(alone[call]) if call is not None and call < len(alone) else None
+            if not isinstance(truth, torch.Tensor):
+                continue
+            computed_in = self.computed_in if c.want.dtype == torch.float32 else None
+            if equal(c.have, truth, c.wide, None, computed_in, eager=c.want):
+                arithmetic.add(id(c.finding))
+                difference = Difference.between(truth, c.want, c.wide, computed_in=computed_in)
+                if difference is not None:
+                    said = f" ({self.precision})" if computed_in is not None else ""
+                    accuracy.append(
+                        Finding(
+                            ACCURACY,
+                            Stage.COMPARE,
+                            c.finding.detail + said,
+                            c.finding.method,
+                            call,
+                            difference,
+                        )
+                    )
+        return [f for f in findings if id(f) not in arithmetic], accuracy
+
+    def isolation(self, findings: list[Finding], differing: list[Compared]) -> list[Finding]:
+        """The isolation findings of another copy's run (its accuracy is the first copy's)."""
+        return self.apart(findings, differing)[0]
+
+    def alone(self) -> list[CallAlone] | str:
+        """What each call gives with its method alone on a new instance of the backend's class, or why
+        that cannot be had."""
+        from pytest_ptn.check.alone import AloneUnavailable, MethodsAlone
+        from pytest_ptn.programs.exported import constants_of, functionalize, mutable_keys
+
+        if self._alone is None:
+            inspected = self.program.inspected()
+            mutable = mutable_keys(inspected)
+            initial = {
+                k: use.tensor
+                for ep in inspected.values()
+                for k, use in constants_of(ep).items()
+                if k in mutable
+            }
+
+            program, workdir = self.program, self.workdir
+            methods = MethodsAlone(
+                type(self.backend)(), lambda: functionalize(program.export()), initial, lambda name: workdir
+            )
+            try:
+                self._alone = methods.run(self.sequence)
+            except AloneUnavailable as e:
+                self._alone = f"no truth of the method alone: {e}"
+        return self._alone
+
+
 def _loaded_at_first_call(
-    loaded: Loaded,
-    program: UserProgram,
-    sequence: list,
-    state_rules: dict[str, str] | None,
-    failed: set[int | None],
+    judge: Judge, loaded: Loaded, state_rules: dict[str, str] | None, failed: set[int | None]
 ) -> list[Finding]:
     """A copy whose methods load at their first call, after the others ran (as
-    ``executorch.extension.module.Module`` loads them): its calls match eager where the up-front copy's
-    did."""
-    from pytest_ptn.check.execution import run_calls
-    from pytest_ptn.schedule import LoadSchedule
-
+    ``executorch.extension.module.Module`` loads them): its calls match the methods alone where the up-front
+    copy's did."""
     schedule = LoadSchedule.AT_FIRST_CALL
-    wide = program.wide_eager()
-    findings, _ = run_calls(loaded, program.eager(), sequence, state_rules, wide, schedule)
-    said = schedule.describe([name for name, _ in sequence])
+    findings, _, differing = judge.run(loaded, state_rules, schedule)
+    said = schedule.describe([name for name, _ in judge.sequence])
     return [
         dataclasses.replace(f, detail=f"{said}: {f.detail}")
-        for f in findings
+        for f in judge.isolation(findings, differing)
         if f.call not in failed and f.rule != "E5"
     ]
 
@@ -200,22 +306,15 @@ def _load_reversed(backend: Backend, lowered: Lowered, program: UserProgram) -> 
 
 
 def _second_copy(
-    second: Loaded,
-    program: UserProgram,
-    sequence: list,
-    state_rules: dict[str, str] | None,
-    failed: set[int | None],
+    judge: Judge, second: Loaded, state_rules: dict[str, str] | None, failed: set[int | None]
 ) -> list[Finding]:
     """A copy loaded after the first one ran, methods in reverse order: it starts from eager's initial state
-    (E4: copies share no state), and its calls match eager where the first copy's did (E1)."""
-    from pytest_ptn.check.execution import run_calls
-
-    wide = program.wide_eager()
-    findings, _ = run_calls(second, program.eager(), sequence, state_rules, wide)
+    (E4: copies share no state), and its calls match the methods alone where the first copy's did (E1)."""
+    findings, _, differing = judge.run(second, state_rules)
     return [
         dataclasses.replace(f, rule="E4", detail=f"a second loaded copy: {f.detail}")
         if f.rule == "E5"
         else dataclasses.replace(f, detail=f"a second copy, methods loaded in reverse order: {f.detail}")
-        for f in findings
+        for f in judge.isolation(findings, differing)
         if f.call not in failed and f.rule in ("E1", "E5")
     ]

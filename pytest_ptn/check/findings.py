@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
+
+    from pytest_ptn.comparison import Tolerance
 
 SHOWN_ELEMENTS = 3
 """How many differing elements a finding lists."""
@@ -34,32 +37,41 @@ class Difference:
     total: int
     first: tuple[tuple[tuple[int, ...], float, float], ...]
     """The first differing elements: (index, backend's value, eager value)."""
+    snr_db: float = math.inf
+    """Signal-to-noise ratio against eager, in dB (pytest_ptn.comparison.snr_db)."""
 
     @classmethod
     def between(
-        cls, have: torch.Tensor, want: torch.Tensor, wide: torch.Tensor | None = None
+        cls,
+        have: torch.Tensor,
+        want: torch.Tensor,
+        wide: torch.Tensor | None = None,
+        tolerance: Tolerance | None = None,
+        computed_in: torch.dtype | None = None,
     ) -> Difference | None:
         """None when ``have`` equals ``want`` within the bound of pytest_ptn.comparison (same shape
-        required; ``wide``: eager's float64 counterpart of a reduced-precision ``want``)."""
+        required; ``wide``: eager's float64 counterpart of a reduced-precision ``want``; ``tolerance`` and
+        ``computed_in`` as the backend declares them)."""
         import torch
 
-        from pytest_ptn.comparison import FLOOR, close
+        from pytest_ptn.comparison import FLOOR, close, snr_db
 
-        ok = close(have, want, wide)
+        ok = close(have, want, wide, tolerance, computed_in)
         if bool(ok.all()):
             return None
+        snr = snr_db(have, want)
         have, want = have.detach().to(torch.float64), want.detach().to(torch.float64)
         error = (have - want).abs()
         rel = error / want.abs().clamp_min(FLOOR)
         wrong = (~ok).nonzero().tolist()[:SHOWN_ELEMENTS]
         first = tuple((tuple(i), float(have[tuple(i)]), float(want[tuple(i)])) for i in wrong)
-        return cls(float(error.max()), float(rel.max()), int((~ok).sum()), want.numel(), first)
+        return cls(float(error.max()), float(rel.max()), int((~ok).sum()), want.numel(), first, snr)
 
     def __str__(self) -> str:
         shown = ", ".join(f"{list(i)} is {h:.6g} (eager {w:.6g})" for i, h, w in self.first)
         return (
             f"{self.differing} of {self.total} elements differ, max abs error {self.max_abs:.3g}, "
-            f"max rel error {self.max_rel:.3g}; {shown}"
+            f"max rel error {self.max_rel:.3g}, SNR {self.snr_db:.1f} dB; {shown}"
         )
 
 

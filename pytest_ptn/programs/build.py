@@ -265,6 +265,14 @@ class Program:
             out[name if method else f"{SHARED}.{name}"] = make_tensor(c)
         return out
 
+    def buffer_fqns(self) -> dict[str, torch.Tensor]:
+        """Initial value of every buffer of the program, written or only read, by each FQN export gives it."""
+        out: dict[str, torch.Tensor] = {}
+        for module in self.modules().values():
+            for key, t in module.named_buffers(remove_duplicate=False):
+                out.setdefault(key, t.clone())
+        return out
+
     def eager(self) -> list[EagerCall]:
         """The spec's call sequence run eagerly, computed once."""
         if self._eager is None:

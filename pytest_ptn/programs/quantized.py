@@ -81,6 +81,9 @@ class QuantizedProgram:
     def state_fqns(self) -> dict[str, torch.Tensor]:
         return self.program.state_fqns()
 
+    def buffer_fqns(self) -> dict[str, torch.Tensor]:
+        return self.program.buffer_fqns()
+
     def with_other_values(self) -> QuantizedProgram:
         return QuantizedProgram(self.program.with_other_values(), self._quantize)
 

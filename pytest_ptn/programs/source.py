@@ -111,6 +111,7 @@ class UserProgram:
         if widen is not None:
             for module in modules.values():
                 module.to(widen)
+                widen_graphs(module, widen)
         tie_state(modules, mutable_keys(self.inspected()))
         return modules
 
@@ -188,6 +189,31 @@ def _runnable(entry: Entry) -> nn.Module | ExportedProgram:
     if isinstance(owner, nn.Module):
         return method_view(owner, entry.__name__)
     return Function(entry)
+
+
+def widen_graphs(module: nn.Module, dtype: torch.dtype) -> None:
+    """The graphs of an exported method (``ep.module()`` and its branches) made to compute in ``dtype`` as
+    ``module.to(dtype)`` makes its tensors: every floating dtype a node names (``x.to(torch.bfloat16)``,
+    ``torch.arange(..., dtype=...)``) becomes ``dtype``, and the metadata assertions torch.export writes for
+    an explicit dtype (``_assert_tensor_metadata``, which would refuse the wider tensor) are dropped. An
+    ``nn.Module``'s own Python code is left as it is: its casts round the wide run where they stand."""
+    assert_metadata = torch.ops.aten._assert_tensor_metadata.default
+    for graph_module in module.modules():
+        if not isinstance(graph_module, torch.fx.GraphModule):
+            continue
+        for node in list(graph_module.graph.nodes):
+            if node.op != "call_function":
+                continue
+            if node.target is assert_metadata:
+                graph_module.graph.erase_node(node)
+                continue
+            node.args = tuple(_widened_dtype(a, dtype) for a in node.args)
+            node.kwargs = {k: _widened_dtype(v, dtype) for k, v in node.kwargs.items()}
+        graph_module.recompile()
+
+
+def _widened_dtype(value: Any, dtype: torch.dtype) -> Any:
+    return dtype if isinstance(value, torch.dtype) and value.is_floating_point else value
 
 
 def widened(args: tuple[Any, ...], dtype: torch.dtype) -> tuple[Any, ...]:

@@ -94,6 +94,14 @@ class NamedProgram:
         """Initial value of every buffer some method writes, by the FQN export gives it."""
         return self._state(self._modules())
 
+    def buffer_fqns(self) -> dict[str, torch.Tensor]:
+        """Initial value of every buffer of the program, written or only read, by each FQN export gives it."""
+        out: dict[str, torch.Tensor] = {}
+        for module in self._modules().values():
+            for key, t in module.named_buffers(remove_duplicate=False):
+                out.setdefault(key, t.clone())
+        return out
+
     def with_other_values(self) -> NamedProgram:
         """The same program (names, shapes, calls) holding other parameter and buffer values."""
         return dataclasses.replace(self, offset=self.offset + 0.5)
