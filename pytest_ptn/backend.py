@@ -61,8 +61,9 @@ class Availability:
 @dataclass(frozen=True)
 class ReducedPrecision:
     """A backend that computes float32 programs in a coarser dtype on this machine (a vendor default it offers
-    no way to turn off). Its float32 results are still compared as float32: each difference is labelled with
-    ``why`` and whether rounding to ``dtype`` accounts for it (pytest_ptn.comparison.within_rounding)."""
+    no way to turn off). Its float32 results are compared with that dtype's rounding steps (``computed_in``
+    in pytest_ptn.comparison), against each method alone and against eager alike, and every difference is
+    labelled with ``why``: the verdict does not depend on the CPU."""
 
     dtype: str
     """torch's name of the dtype it computes in: ``bfloat16``, ``float16``."""

@@ -231,7 +231,7 @@ class Case:
                 loaded.load_method(method)
             given = [t.clone() for t in call.inputs]
             self._enter(f"running {call.method}()")
-            outputs = list(loaded.run(call.method, given))
+            outputs = [t.clone() for t in loaded.run(call.method, given)]  # a runtime may reuse its memory
             shown = {k: t.clone() for k, t in loaded.state().items()} if state else None
             ran.append(Ran(outputs, given, shown))
         return ran

@@ -3,6 +3,7 @@ proven cause, and every failed test is in exactly one cause."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -90,3 +91,30 @@ def test_sharing_across_names_is_the_wider_cause_of_by_name_reads() -> None:
     [cause] = causes.find_causes(rows)
     assert cause.evidence.kind == causes.SHARES_DIFFERING
     assert cause.summary.endswith("method 'decode''s 'w' is method 'decode''s 'v'")
+
+
+def test_one_deviation_under_both_schedules_and_two_rules_is_one_cause() -> None:
+    """The same wrong value seen by E1 under each load schedule and by E3 is one cause, named by it; another
+    value of the case is another."""
+    line = "call #1 decode(): value 0 (reads 'kv') is 0.5, eager 0.7"
+    up_front = row(
+        "E1",
+        "kv",
+        f"Failed: outputs differ from eager (every method loaded before the first call):\n  {line}",
+    )
+    late = row(
+        "E1", "kv", f"Failed: outputs differ from eager (methods loaded at their first call: a):\n  {line}"
+    )
+    rows = [
+        up_front,
+        dataclasses.replace(late, nodeid=late.nodeid.replace("]", "-at_first_call]")),
+        row("E3", "kv", f"Failed: outputs reading shared state differ from eager:\n  {line}"),
+        row(
+            "E1",
+            "kv2",
+            "Failed: outputs differ from eager:\n  call #0 prefill(): value 0 (reads 'w') is 1, eager 2",
+        ),
+    ]
+    found = causes.find_causes(rows)
+    assert [len(c.found) for c in found] == [3, 1]
+    assert found[0].summary == "outputs differ from eager at call #1 decode()"

@@ -10,6 +10,7 @@ import torch
 from broken_backends import (
     BindsByKey,
     FirstStateWins,
+    InexactKernels,
     MetadataOnly,
     NoDedupe,
     NoSharing,
@@ -240,3 +241,64 @@ def test_a_model_in_training_mode_is_checked_as_lowered_for_inference() -> None:
     x = torch.ones(16)
     assert not check_program(model, {"prefill": (x,), "decode": (x,)}, backend="reference")
     assert model.training  # the caller's model is untouched
+
+
+class RmsNorm(torch.nn.Module):
+    """RMSNorm as real LLMs write it: computed in float32, the result cast back to bf16 (torch.export writes
+    an ``_assert_tensor_metadata`` for the explicit dtype), plus a constant of its own."""
+
+    def __init__(self, bias: float) -> None:
+        super().__init__()
+        weight = torch.randn(8, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+        self.w = torch.nn.Parameter(weight, requires_grad=False)
+        self.bias = bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return h.to(torch.bfloat16) * self.w + torch.tensor([self.bias] * 8, dtype=torch.bfloat16)
+
+
+BF16_X = torch.randn(8, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("backend", ["reference", "pte"])
+def test_a_bf16_program_with_metadata_assertions_is_checked(backend: str) -> None:
+    """The float64 rerun widens the exported graph's own casts and drops its dtype assertions: findings,
+    never a RuntimeError, and clean on a correct backend."""
+    if backend == "pte":
+        pytest.importorskip("executorch")
+    with torch.no_grad():
+        programs = {"prefill": torch.export.export(RmsNorm(1.0), (BF16_X,)), "decode": RmsNorm(2.0)}
+        programs["decode"] = torch.export.export(programs["decode"], (BF16_X,))
+    methods = {"prefill": (BF16_X,), "decode": (BF16_X,)}
+    assert check_program(programs, methods, backend=backend) == []
+
+
+class PinnedToBf16(torch.nn.Module):
+    """A method whose own code refuses any dtype but bf16: eager's float64 rerun cannot run it."""
+
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.full((8,), scale, dtype=torch.bfloat16), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        torch.ops.aten._assert_tensor_metadata(x, dtype=torch.bfloat16)
+        return x * self.w
+
+
+def test_a_program_that_cannot_be_widened_is_checked_with_the_dtype_bound_saying_so() -> None:
+    methods = {"prefill": (BF16_X,), "decode": (BF16_X,)}
+    model = {"prefill": PinnedToBf16(1.5), "decode": PinnedToBf16(-3.0)}
+    assert check_program(model, methods) == []
+    findings = check_program(model, methods, backend=BindsByKey())
+    assert findings and all("eager's float64 rerun raised" in f.detail for f in findings if f.difference)
+
+
+def test_kernels_that_compute_differently_are_accuracy_never_isolation() -> None:
+    """A backend whose every result is off eager's (the method alone too) has A1 findings with their numbers
+    and no E finding; a by-name loader on top is still E1."""
+    findings = check_program(PrefillDecode(), METHODS, CALLS, backend=InexactKernels())
+    assert findings and {f.rule for f in findings} == {"A1"}, [str(f) for f in findings]
+    assert all(f.difference is not None and f.difference.snr_db < 30 for f in findings)
+    assert "SNR" in str(findings[0])

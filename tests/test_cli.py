@@ -28,7 +28,7 @@ from pytest_ptn.backends.pte import PteBackend
 from pytest_ptn.backends.reference import ReferenceBackend
 from pytest_ptn.programs import zoo
 from pytest_ptn.programs.catalogue import SCENARIOS
-from pytest_ptn.ruleset import RULES, rules_shown
+from pytest_ptn.ruleset import RULES, SPEC_VERSION, rules_shown
 
 README = Path(__file__).parents[1] / "README.md"
 
@@ -43,20 +43,23 @@ def test_version_is_the_distribution_version(capsys: pytest.CaptureFixture[str])
     with pytest.raises(SystemExit) as exit_info:
         main(["--version"])
     assert exit_info.value.code == 0
-    assert capsys.readouterr().out.strip() == f"pytest-ptn {pytest_ptn.__version__} (conformance spec v1)"
+    assert (
+        capsys.readouterr().out.strip()
+        == f"pytest-ptn {pytest_ptn.__version__} (conformance spec v{SPEC_VERSION})"
+    )
 
 
 def test_rules_shown_follow_capabilities() -> None:
     assert rules_shown(ReferenceBackend) == dict.fromkeys(RULES, "")
     pte = rules_shown(PteBackend)
-    assert sorted(pte) == ["E1", "E2", "E3", "E4", "E5", "X1"]
+    assert sorted(pte) == ["A1", "E1", "E2", "E3", "E4", "E5", "X1"]
     assert "only where lowering rejects" in pte["X1"]
     assert all(not pte[r] for r in pte if r != "X1")
 
 
 def test_summary_names_whole_families_and_marks_conditional_rules() -> None:
-    assert inventory.summarize_rules(rules_shown(ReferenceBackend)) == "P E S X"
-    assert inventory.summarize_rules(rules_shown(PteBackend)) == "E X1?"
+    assert inventory.summarize_rules(rules_shown(ReferenceBackend)) == "P E S X A"
+    assert inventory.summarize_rules(rules_shown(PteBackend)) == "E X1? A"
     shown = {"E1": "", "S6": "", "X1": "only sometimes"}
     assert inventory.summarize_rules(shown) == "E1 S6 X1?"
     assert inventory.summarize_rules({}) == "none"
@@ -67,8 +70,8 @@ def test_list_backends_text(capsys: pytest.CaptureFixture[str]) -> None:
     lines = {line.split()[0]: line.split() for line in out.splitlines()[1:] if line}
     assert set(installed_backends()) <= set(lines)
     assert lines["reference"][:2] == ["reference", "yes"]
-    assert "P E S X" in " ".join(lines["reference"])
-    assert " E X1? " in f" {' '.join(lines['pte'])} "
+    assert "P E S X A" in " ".join(lines["reference"])
+    assert " E X1? A " in f" {' '.join(lines['pte'])} "
     assert "X1?: applies only where lowering rejects" in out
 
 
@@ -182,7 +185,8 @@ def test_list_backends_shows_every_ext_flow_and_why_it_cannot_run_here(
 def readme_backend_rules() -> dict[str, str]:
     """The README's backends table: backend name -> its rules column."""
     section = README.read_text().split("\n## Backends\n", 1)[1].split("\n## ", 1)[0]
-    rows = [line.strip("|").split("|") for line in section.splitlines() if line.startswith("|")]
+    table = section[section.index("| name |") :].split("\n\n", 1)[0]  # the section's first table
+    rows = [line.strip("|").split("|") for line in table.splitlines()]
     header = [cell.strip() for cell in rows[0]]
     name, rules = header.index("name"), header.index("rules")
     return {row[name].strip().strip("`"): row[rules].strip() for row in rows[2:]}

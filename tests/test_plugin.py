@@ -18,6 +18,7 @@ import pytest
 
 from pytest_ptn.plugin import suite_path
 from pytest_ptn.programs.catalogue import tagged
+from pytest_ptn.ruleset import SPEC_VERSION
 
 TESTS = Path(__file__).resolve().parent
 SUITE = suite_path()
@@ -121,7 +122,10 @@ def test_loading_the_plugin_imports_neither_torch_nor_executorch(
 def test_header_names_the_requested_backend_with_versions(pytester: pytest.Pytester) -> None:
     result = run(pytester, "--ptn-backend=reference", "--co", "-m", "P6")
     result.stdout.fnmatch_lines(
-        ["ptn: conformance spec v1*", "ptn backend reference: available (torch *, safetensors *)"]
+        [
+            f"ptn: conformance spec v{SPEC_VERSION}*",
+            "ptn backend reference: available (torch *, safetensors *)",
+        ]
     )
 
 
@@ -276,7 +280,7 @@ def test_should_rule_failure_is_xfailed_and_shown_in_the_matrix(
     assert outcomes.get("xfailed") == 1 and "failed" not in outcomes, outcomes
     result.stdout.fnmatch_lines(
         [
-            "*= ptn conformance (spec v1) =*",
+            f"*= ptn conformance (spec v{SPEC_VERSION}) =*",
             "*broken_backends:Nondeterministic*",
             "SHOULD rules",
             "  P9 *deterministic *1F",

@@ -19,7 +19,7 @@ import pytest
 
 from pytest_ptn.__main__ import main
 from pytest_ptn.reporting import render, results
-from pytest_ptn.ruleset import RULES
+from pytest_ptn.ruleset import RULES, SPEC_VERSION
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -145,7 +145,7 @@ def test_terminal_matrix(suite: pytest.Pytester) -> None:
     result = run(suite)
     result.assert_outcomes(passed=4, failed=2, errors=1, skipped=2, xfailed=2, xpassed=1)
     out = result.stdout.str()
-    assert "ptn conformance (spec v1)" in out
+    assert f"ptn conformance (spec v{SPEC_VERSION})" in out
     header = next(ln for ln in result.outlines if "reference" in ln and "native" in ln)
     assert header.index("reference") < header.index("native")
     assert out.index("MUST rules") < out.index("SHOULD rules")
@@ -179,7 +179,7 @@ def test_results_json(suite: pytest.Pytester) -> None:
     data = json.loads((suite.path / "out" / "results.json").read_text())
     assert data["schema"] == "pytest-ptn/results"
     assert data["version"] == 1
-    assert data["spec_version"] == "1"
+    assert data["spec_version"] == SPEC_VERSION
     prov = data["provenance"]
     assert {"pytest_ptn", "torch", "executorch", "python", "device", "platform", "time"} <= prov.keys()
     assert prov["time"].endswith("+00:00")
@@ -248,7 +248,7 @@ def test_summary_md_and_html(suite: pytest.Pytester) -> None:
         [f"ptn report: {suite.path / 'out' / 'index.html'} (and results.json, summary.md)"]
     )
     md = (suite.path / "out" / "summary.md").read_text()
-    assert md.startswith("## pytest-ptn conformance (spec v1)")
+    assert md.startswith(f"## pytest-ptn conformance (spec v{SPEC_VERSION})")
     must = "**MUST: 4 failing** (E1 on reference, E2 on native, E3 on native, E4 on native)"
     assert f"{must} · **SHOULD: 1 failing** (P9 on native)" in md
     assert "| rule | reference | native |" in md
@@ -276,7 +276,7 @@ def test_xdist_gives_same_results(suite: pytest.Pytester) -> None:
     serial = run(suite, "--ptn-report", "serial")
     parallel = run(suite, "-n", "2", "--ptn-report", "parallel")
     parallel.assert_outcomes(passed=4, failed=2, errors=1, skipped=2, xfailed=2, xpassed=1)
-    assert "ptn conformance (spec v1)" in parallel.stdout.str()
+    assert f"ptn conformance (spec v{SPEC_VERSION})" in parallel.stdout.str()
     assert (
         json.loads((suite.path / "serial" / "results.json").read_text())["results"]
         == json.loads((suite.path / "parallel" / "results.json").read_text())["results"]

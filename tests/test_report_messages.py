@@ -165,14 +165,20 @@ class RejectsCollisions(ReferenceBackend):
 
 
 class OffByOne(Loaded):
+    # right for a method alone; once another method of the program is loaded, every output is off by one
+
     def __init__(self, loaded):
         self.loaded = loaded
+        self.methods = set()
 
     def load_method(self, method):
+        self.methods.add(method)
         self.loaded.load_method(method)
 
     def run(self, method, inputs):
-        return [t + 1 for t in self.loaded.run(method, inputs)]
+        self.methods.add(method)
+        outputs = self.loaded.run(method, inputs)
+        return [t + 1 for t in outputs] if len(self.methods) > 1 else outputs
 
 
 class WrongOutputs(ReferenceBackend):

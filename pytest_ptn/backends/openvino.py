@@ -6,9 +6,9 @@ Each method's constants are compiled into that method's own OpenVINO blob, so co
 what it gets wrong on multi-method programs is recorded in ``conformance/expectations/openvino.toml``
 (openvino 2025.4.1, the pinned release) and ``openvino-2026.toml``.
 On a CPU with bf16 arithmetic (AVX512_BF16, AMX) OpenVINO computes float32 graphs in bf16 by default, and the
-delegate passes no property that would ask for f32: the run header says so, and each float32 difference is
-labelled with it (Backend.float32_computed_in); those results are failures of f32 programs, not noise to
-tolerate.
+delegate passes no property that would ask for f32: the backend declares it (Backend.float32_computed_in), so
+its float32 results are compared with bf16's steps and each difference is labelled with it, and the run
+header says so: a verdict is the same on a CPU with bf16 arithmetic and on one without.
 """
 
 from __future__ import annotations

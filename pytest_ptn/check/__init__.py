@@ -8,9 +8,11 @@
 The program is exported and run the way users lower for inference (pytest_ptn.programs.source: eval mode,
 under ``torch.no_grad()`` whatever the caller's grad mode), freshly for the lowering, and an untouched copy
 runs eagerly for the expected values. Findings (``pytest_ptn.check.findings.Finding``) name the rule and
-step: E2 (lowering or loading failed), E1 (a call differs from eager, with the numbers and, where one faulty
-binding accounts for it, whose data it read), and where the backend can show them E3-E5 (state view), P1-P5
-(package view), S1-S3, S5 and S7 (storage view).
+step: E2 (lowering or loading failed), E1 (a call differs from eager and from what the backend computes for
+its method alone, with the numbers and, where one faulty binding accounts for it, whose data it read), and
+where the backend can show them E3-E5 (state view), P1-P5 (package view), S1-S3, S5 and S7 (storage view).
+A difference from eager that the method shows alone too (pytest_ptn.check.alone) is the backend's
+arithmetic: an A1 finding (a SHOULD) with max abs, max rel and SNR, never an E one.
 
 A program the rules reject, methods built separately that start a same-named mutated buffer from different
 values (P7), is checked as the conformance suite checks its P7 scenario: a backend with a package must reject

@@ -90,8 +90,8 @@ class MethodsAlone:
                 flat = loaded.run(method, [*given, *(_copy(a) for a in args)])
             except Exception as e:
                 raise AloneUnavailable(f"method {method!r} alone raised {one_line(e)}") from e
-            written, inputs_out, outputs = made.split(list(flat))
-            state.update(zip(made.state_out, (t.clone() for t in written), strict=True))
+            written, inputs_out, outputs = made.split([_copy(v) for v in flat])  # a runtime reuses memory
+            state.update(zip(made.state_out, written, strict=True))
             after = list(args)
             for index, value in zip(made.inputs_out, inputs_out, strict=True):
                 after[index] = value

@@ -108,8 +108,8 @@ def run_calls(
         found = compare(rule, Stage.COMPARE, what, name, i, have, want, ww, computed_in)
         if found is not None:
             findings.append(found)
-            if found.difference is not None:
-                differing.append(Compared(found, have, want, ww, where))
+            if found.difference is not None:  # a copy: a state view's tensor changes with later calls
+                differing.append(Compared(found, have.detach().clone(), want.detach().clone(), ww, where))
 
     loads = schedule.loads(list(eager), [name for name, _ in sequence])
     if loads:

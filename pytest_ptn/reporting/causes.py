@@ -49,6 +49,10 @@ _CRASHED_EARLIER = re.compile(
 )
 _LOWERING = re.compile(r"lowering failed: (?P<error>.+)$")
 _EXCEPTION = re.compile(r"^(?P<error>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit): .+)$")
+_DEVIATION = re.compile(r"^(?:[^:]*: )?(?P<call>(?P<where>call #\d+ \S+\(\)): .+)$")
+"""A value of one call that differs, as each copy and schedule of a case words it (after a copy's prefix)."""
+_SCHEDULE = re.compile(r"\s*\((?:every method loaded|methods loaded at their first call)[^()]*\)$")
+"""The load schedule a header names: the same deviation under both schedules is one."""
 _LEAK = "reads the first program's data"
 _NOT_SHARED = re.compile(r"identical constants .* occupy \d+ allocations")
 _MEMORY = "peak constant memory"
@@ -182,6 +186,10 @@ def evidence_of(result: Result) -> Evidence:
     if exception:
         return Evidence(ERROR, (ERROR, normalized(exception["error"])), headline(exception["error"]))
     said = first.removesuffix(":") or "fails"  # the header: a symptom's detail differs from test to test
+    deviation = next((m for m in map(_DEVIATION.match, lines[1:]) if m), None)
+    if deviation is not None:  # one deviation, seen by several tests (schedules, E1 and E3): one cause
+        summary = f"{_SCHEDULE.sub('', said)} at {deviation['where']}"  # the detail is the test's to print
+        return Evidence(SYMPTOM, (SYMPTOM, result.scenario or "", deviation["call"]), summary)
     return Evidence(SYMPTOM, (SYMPTOM, normalized(said)), said)
 
 
