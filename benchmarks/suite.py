@@ -16,6 +16,10 @@ Rows (``--rows``; commands run with this interpreter, in an empty temp folder un
   test cases, from its observability records (goal >= 10/s after). About 20 s a side at f399677.
 - ``load``: ``python -m pytest --help`` with the plugin and with ``-p no:ptn``, best of 10 each (goal: the
   difference <= 50 ms after).
+- ``pte``: ``python -m pytest --ptn-backend=pte -n 2 -k "not in_bf16 and not in_fp16"`` (the float32
+  scenarios), best of ``--repeat`` (issue 32's goal: after/before <= 1.05, its methods lowered alone where a
+  case fails included). About 70 s a run idle.
+- ``openvino``: ``python -m pytest --ptn-backend=openvino -n 2``, best of ``--repeat`` (goal <= 1.5).
 
 A tree is run as ``PYTHONPATH=<tree root>`` plus a ``sitecustomize`` pointing the venv's editable install of
 pytest-ptn (whose ``pytest_ptn.conformance`` maps to a folder outside ``pytest_ptn/``) at that tree; each
@@ -47,19 +51,24 @@ sys.path = [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(_HE
 
 from _common import ROOT, machine, table  # noqa: E402
 
-ROWS = ("aoti", "tests", "reference", "fuzz", "load")
+ROWS = ("aoti", "tests", "reference", "fuzz", "load", "pte", "openvino")
 PYTEST = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider"]
+FLOAT32 = ["-k", "not in_bf16 and not in_fp16"]
 FULL = {
     "aoti": ["-q"],
     "tests": ["-q"],
     "reference": ["-q"],
     "fuzz": ["-q", "-k", "fuzz", "--ptn-fuzz-profile=ptn-ci"],
+    "pte": ["-q", "-n", "2", *FLOAT32],
+    "openvino": ["-q", "-n", "2"],
 }
 QUICK = {
     "aoti": ["-q", "-k", "single_method or colliding_literals"],
     "tests": ["-q", "tests/test_rules.py", "tests/test_cli.py"],
     "reference": ["-q", "-m", "P6 or P7 or P8 or X1"],
     "fuzz": ["-q", "-k", "fuzz", "--ptn-fuzz-profile=ptn-ci", "--ptn-seed=1"],
+    "pte": ["-q", "-n", "2", "-k", "kv_cache or colliding_literals"],
+    "openvino": ["-q", "-n", "2", "-k", "kv_cache or torchao_int8_weights"],
 }
 """--quick: a few scenarios, two test files, the rejection tests, the CI fuzz profile (12 programs)."""
 
@@ -326,6 +335,22 @@ def reference_row(trees: list[Tree], selection: list[str], repeat: int) -> Row:
     return row
 
 
+BACKEND_GOALS = {"pte": 1.05, "openvino": 1.5}
+"""The conformance runs of a real backend timed as a whole, and the after/before each may cost."""
+
+
+def backend_row(trees: list[Tree], spec: str, selection: list[str], repeat: int) -> Row:
+    """A real backend's conformance run, best of ``repeat`` per side. Its outcomes may differ between the
+    sides where the after side checks more (a new rule's tests): the row says so, and the time is the
+    whole run's, what a user waits for."""
+    args = [f"--ptn-backend={spec}", *selection]
+    print(f"{spec} suite:", file=sys.stderr)
+    runs = paired(trees, repeat, lambda t: run_pytest(t, args))
+    row = wall_row(f"{spec} suite, best of {repeat}", trees, runs, BACKEND_GOALS[spec])
+    row.notes.insert(0, "pytest " + " ".join(args))
+    return row
+
+
 OBSERVE = {"HYPOTHESIS_EXPERIMENTAL_OBSERVABILITY_NOCOVER": "1"}
 """hypothesis then writes a JSON line per test case (not its coverage, which would slow the run) under
 ``$HYPOTHESIS_STORAGE_DIRECTORY/observed/``. ``--hypothesis-show-statistics`` prints nothing for the fuzz
@@ -523,6 +548,9 @@ def main() -> None:
             rows.append(fuzz_row(found, selection["fuzz"]))
         if "load" in wanted:
             rows.append(load_row(found, 3 if args.quick else 10))
+        for backend in BACKEND_GOALS:
+            if backend in wanted:
+                rows.append(backend_row(found, backend, selection[backend], repeat))
 
     print("\n".join(header) + "\n")
     headers = ["row", "before", "after", "after/before", "goal", "result"]

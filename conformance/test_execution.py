@@ -90,4 +90,4 @@ def test_each_method_agrees_with_eager(ptn_case: Case) -> None:
     """Where the program's results differ from eager's, the method alone differs too: the backend's
     arithmetic (its kernels, the precision it computes in), told with max abs, max rel and SNR. A SHOULD:
     isolation is E1's; kernels that compute differently from eager are reported, never a failed run."""
-    fail_on(ptn_case.accuracy(ptn_case.load()), "the method alone differs from eager")
+    fail_on(ptn_case.accuracy(), "the method alone differs from eager")

@@ -133,14 +133,7 @@ class Case:
 
     def lower(self) -> Lowered:
         """The session's lowering of this case; a rejection is re-raised for every test that asks."""
-        lowered = self._cache.lowered
-        key = (id(self.backend), self.scenario.name)
-        if key not in lowered:
-            try:
-                lowered[key] = self.lower_fresh()
-            except Exception as e:  # kept and re-raised: the rejection is the result
-                lowered[key] = e
-        result = lowered[key]
+        result = self.lowered()
         if isinstance(result, Exception):
             if self.scenario.valid:  # quote the upstream message, not its traceback
                 import pytest
@@ -148,6 +141,18 @@ class Case:
                 pytest.fail(f"lowering failed: {type(result).__name__}: {result}", pytrace=False)
             raise result
         return result
+
+    def lowered(self) -> Lowered | Exception:
+        """The session's lowering of this case, lowered now if no test did yet, or the exception that
+        rejected it (kept: the rejection is the result)."""
+        lowered = self._cache.lowered
+        key = (id(self.backend), self.scenario.name)
+        if key not in lowered:
+            try:
+                lowered[key] = self.lower_fresh()
+            except Exception as e:
+                lowered[key] = e
+        return lowered[key]
 
     def lowering(self) -> Lowered | Exception | None:
         """What the session's lowering of this case gave, without lowering (None if no test lowered it yet):
@@ -269,25 +274,31 @@ class Case:
             mismatches.append(Mismatch(d.call, calls[d.call].method, detail))
         return sorted(mismatches, key=lambda m: m.call)
 
-    def accuracy(self, loaded: Loaded) -> list[Mismatch]:
+    def accuracy(self) -> list[Mismatch]:
         """A1: where the program's results differ from eager's, how each method alone differs from eager
-        (max abs, max rel, SNR, and the precision the backend declares it computes float32 in)."""
+        (max abs, max rel, SNR, and the precision the backend declares it computes float32 in). Not
+        applicable where the program does not lower, or a method alone does not: nothing to judge by."""
+        import pytest
         import torch
 
         from pytest_ptn.check.alone import AloneUnavailable
         from pytest_ptn.check.findings import Difference
+        from pytest_ptn.ruleset import not_applicable
 
+        lowered = self.lowered()
+        if isinstance(lowered, Exception):  # E2's finding
+            pytest.skip(not_applicable(f"the program does not lower: {type(lowered).__name__}"))
         calls = self.eager()
-        deviations, _ = self._deviations(calls, self.run_calls(loaded, calls, LoadSchedule.UP_FRONT))
+        try:
+            ran = self.run_calls(self.load(), calls, LoadSchedule.UP_FRONT)
+        except Exception as e:  # E2's or E1's finding: the program does not load or run
+            pytest.skip(not_applicable(f"the program does not run: {type(e).__name__}: {e}"))
+        deviations, _ = self._deviations(calls, ran)
         if not deviations:
             return []
         try:
             alone = self.alone().run([(c.method, c.inputs) for c in calls])
         except AloneUnavailable as e:
-            import pytest
-
-            from pytest_ptn.ruleset import not_applicable
-
             pytest.skip(not_applicable(f"no truth of the methods alone: {e}"))
         reduced = self.backend.float32_computed_in()
         mismatches = []
@@ -295,8 +306,12 @@ class Case:
             truth = d.of(alone[d.call])
             if truth is None or self._same_as_eager(d, truth):
                 continue  # alone, the method agrees with eager: the program's difference is isolation's
-            difference = Difference.between(truth, d.want, d.wide, self.tolerance, self._computed_in(d.want))
-            detail = f"{d.what}: {difference}" if difference is not None else f"{d.what}: {_fmt(truth)}"
+            if truth.shape != d.want.shape:
+                detail = f"{d.what} has shape {tuple(truth.shape)}, eager {tuple(d.want.shape)}"
+            else:
+                computed_in = self._computed_in(d.want)
+                difference = Difference.between(truth, d.want, d.wide, self.tolerance, computed_in)
+                detail = f"{d.what}: {difference}"
             if reduced is not None and d.want.dtype == torch.float32:
                 detail += f"; {reduced.why}"
             mismatches.append(Mismatch(d.call, calls[d.call].method, detail))

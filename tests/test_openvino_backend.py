@@ -105,14 +105,14 @@ def test_a_declared_bf16_precision_is_the_bound_of_both_questions(
     assert len(mismatches) == len(isolation), mismatches
     for mismatch, label in zip(mismatches, isolation, strict=True):
         assert mismatch.endswith(label)
-    assert case.accuracy(case.load()) == []
+    assert case.accuracy() == []
 
 
 def test_an_undeclared_bf16_precision_is_accuracy_not_isolation(tmp_path: Path) -> None:
     """The same rounding, not declared: each method alone shows it too, so it is A1 with its numbers."""
     case = _case(RoundsToBf16(), tmp_path)
     assert case.run_sequence(case.load()) == []
-    accuracy = [str(m) for m in case.accuracy(case.load())]
+    accuracy = [str(m) for m in case.accuracy()]
     assert accuracy and all("SNR" in m and "max rel error" in m for m in accuracy), accuracy
 
 
