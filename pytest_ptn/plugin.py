@@ -31,7 +31,7 @@ from pytest_ptn.ruleset import (
     should_not_met,
 )
 from pytest_ptn.schedule import LoadSchedule
-from pytest_ptn.scheduling import gpus, shards, workers
+from pytest_ptn.scheduling import gpus, hangs, shards, workers
 from pytest_ptn.session import RUN_STATE, RunState
 from pytest_ptn.spec import Scenario
 
@@ -93,6 +93,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     repro.add_option(group)
     shards.add_option(group)
     gpus.add_option(group)
+    hangs.add_options(parser, group)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -120,6 +121,7 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     if workerinput and "ptn_sys_path" in workerinput:  # backends the controller could import, workers can
         sys.path[:0] = [p for p in workerinput["ptn_sys_path"] if p not in sys.path]
+    hangs.limit(config)  # a bad value is a usage error now, not in every worker
     collect.configure(config)
     stopping.configure(config, state.explicit)
     repro.configure(config)
@@ -203,10 +205,16 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         return []
     profile = config.getoption("ptn_fuzz_profile")
     lines = [f"ptn: conformance spec v{SPEC_VERSION}; fuzz profile {profile}, --ptn-seed={state.seed}"]
+    limit = hangs.limit(config)
     if config.getoption("numprocesses", None):
-        lines.append("ptn: crash isolation on: tests run in xdist workers, a crash fails the test it hit")
+        hung = f"a step with {hangs.no_progress(limit)} fails as hung" if limit else "no time limit"
+        isolated = "ptn: crash isolation on: tests run in xdist workers, a crash fails the test it hit"
+        lines.append(f"{isolated}, {hung}")
     else:
-        lines.append("ptn: crash isolation off (in-process run): a backend that crashes ends the run")
+        lines.append(
+            "ptn: crash isolation off (in-process run): a backend that crashes ends the run, and one that "
+            f"hangs is not isolated either ({hangs.OPTION} applies in xdist workers only)"
+        )
     for spec in state.requested:
         a = state.availability[spec]
         versions = ", ".join(f"{k} {v}" for k, v in a.versions.items())

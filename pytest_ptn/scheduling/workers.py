@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from pytest_ptn.ruleset import WAITS_FOR_CLOCK
-from pytest_ptn.scheduling import crashes
+from pytest_ptn.scheduling import crashes, hangs
 from pytest_ptn.session import RunState
 
 CRASH_RESTARTS = 1000
@@ -132,10 +132,11 @@ class Xdist:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport, sched: Any) -> None:
-        """The test a dead worker was running fails with the signal, the step, the backend's versions and
-        its properties (so it is in the matrix and the reports), never as a bare "worker crashed". A crash
-        an expectation lists is that expected failure, as the worker's strict xfail would have made it (one
-        that passes instead fails there as stale)."""
+        """The test a dead worker was running fails with the signal (or, for a worker the watchdog ended,
+        the hang), the step, the backend's versions and its properties (so it is in the matrix and the
+        reports), never as a bare "worker crashed". A crash or hang an expectation lists is that expected
+        failure, as the worker's strict xfail would have made it (one that passes instead fails there as
+        stale)."""
         properties = crashes.read_properties(self.run_folder, crashitem)
         found = dict(properties)
         spec = found.get("ptn_backend", "")
@@ -151,6 +152,7 @@ class Xdist:
             crashitem,
             found.get("ptn_repro"),
             availability.versions if availability is not None else {},
+            hangs.limit(self.config),
         )
         report.longrepr = text
         rules = [value for key, value in properties if key == "ptn_rule"]
@@ -166,15 +168,16 @@ class Xdist:
 
 
 class CrashIsolatedWorker:
-    """A worker's side of crash isolation: faulthandler and last words into the run folder, and each test's
-    properties for the controller."""
+    """A worker's side of crash isolation: faulthandler and last words into the run folder, the time limit
+    of each step, and each test's properties for the controller."""
 
     def __init__(self, config: pytest.Config):
         self.folder = Path(config.workerinput["ptn_run_folder"])  # type: ignore[attr-defined]
         self.worker_id = str(config.workerinput["workerid"])  # type: ignore[attr-defined]
+        self.limit = hangs.limit(config)
 
     def pytest_sessionstart(self) -> None:
-        crashes.start_worker(self.folder, self.worker_id)
+        crashes.start_worker(self.folder, self.worker_id, self.limit)
 
     @pytest.hookimpl(tryfirst=True)  # before xdist tells the controller, which schedules from them
     def pytest_collection_finish(self, session: pytest.Session) -> None:
@@ -188,6 +191,9 @@ class CrashIsolatedWorker:
 
     def pytest_runtest_logstart(self, nodeid: str) -> None:
         crashes.note_test(nodeid)
+
+    def pytest_runtest_logfinish(self, nodeid: str) -> None:
+        crashes.note_test_done()
 
     def pytest_unconfigure(self) -> None:
         crashes.stop_worker()
