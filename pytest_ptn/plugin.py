@@ -281,8 +281,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if scenario in zoo.BY_NAME:
             item.add_marker(zoo.ZOO_TAG)
         if backend is not None:
-            for e in config.stash[RUN_STATE].expected(backend, rules, scenario, schedule):
-                item.add_marker(pytest.mark.xfail(strict=True, reason=e.describe()))
+            mark_expected(item, config.stash[RUN_STATE].expected(backend, rules, scenario, schedule))
+
+
+def mark_expected(item: pytest.Item, expected: list[expectations.Expectation]) -> None:
+    """Listed failures are strict xfails; a test an intermittent entry lists may pass or fail (a non-strict
+    xfail, never stale), and is reported apart."""
+    intermittent = [e for e in expected if e.intermittent]
+    if intermittent:
+        item.add_marker(pytest.mark.xfail(strict=False, reason=intermittent[0].describe()))
+        item.user_properties.append((collect.INTERMITTENT_PROPERTY, "1"))
+        return
+    for e in expected:
+        item.add_marker(pytest.mark.xfail(strict=True, reason=e.describe()))
 
 
 @pytest.fixture(scope="session")
