@@ -17,7 +17,14 @@ import pytest
 from _pytest.reports import TestReport
 
 from pytest_ptn import expectations, hookspecs, stopping, upstream_noise
-from pytest_ptn.backend import Backend, BackendError, Capability, availability_of, resolve_backend
+from pytest_ptn.backend import (
+    Backend,
+    BackendError,
+    Capability,
+    availability_of,
+    resolve_backend,
+    runtime_availability,
+)
 from pytest_ptn.programs import catalogue, zoo
 from pytest_ptn.reporting import collect, repro
 from pytest_ptn.ruleset import (
@@ -252,6 +259,29 @@ def rules_of(item: pytest.Item) -> list[str]:
 def _callspec_param(item: pytest.Item, name: str) -> str | None:
     callspec = getattr(item, "callspec", None)
     return callspec.params.get(name) if callspec is not None else None
+
+
+@pytest.hookimpl(tryfirst=True)  # in an xdist worker: before xdist tells the controller what it collected
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Where tests are about to run (in this process, or in this xdist worker), each requested backend that
+    tests use loads its runtime first: one that cannot (an extension built against another torch) is a usage
+    error naming why, never a run of failures. A worker writes it down for the controller, which ends the
+    run with it (pytest_ptn.scheduling.workers); ``availability()`` alone stays cheap at plugin start."""
+    config = session.config
+    state = config.stash.get(RUN_STATE, None)
+    if state is None or not state.explicit or workers.is_controller(config) or config.option.collectonly:
+        return
+    used = {_callspec_param(item, "ptn_backend") for item in session.items}
+    for spec in (s for s in state.requested if s in used):
+        state.availability[spec] = runtime_availability(state.classes[spec], state.availability[spec])
+        if not state.availability[spec].available:
+            message = (
+                f"--ptn-backend={spec} is unavailable on this machine: {state.availability[spec].reason}"
+            )
+            if hasattr(config, "workerinput"):
+                workers.note_unavailable(config, message)
+                return
+            raise pytest.UsageError(message)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
