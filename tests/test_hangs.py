@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -182,3 +183,27 @@ def test_a_hung_step_fails_later_tests_of_its_case_at_once(tmp_path: Path) -> No
         match=r"loading s on b hung earlier in this run, not retried: no progress for 30 s in t.py::test",
     ):
         log.enter(crashes.Step("b", "s", "loading"))
+
+
+def test_each_fuzz_example_is_a_step(
+    warm_torch: None, tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fuzz test enters a step as each example starts, before it exports and runs the program: a hang in
+    one example is that example's, not the last call of the one before."""
+    from hypothesis import settings
+    from pytest_ptn.conformance import test_fuzz
+
+    from pytest_ptn.backends.reference import ReferenceBackend
+
+    steps: list[tuple[str, str]] = []
+
+    def enter(backend: str, scenario: str, step: str, known: bool = True) -> None:
+        steps.append((step, scenario))
+
+    monkeypatch.setattr(crashes, "enter", enter)
+    examples = settings(max_examples=2, database=None, derandomize=True, deadline=None)
+    request: Any = None  # read only when an example fails
+    test_fuzz.test_generated_programs_match_eager(request, ReferenceBackend(), examples, tmp_path_factory)
+    starts = [i for i, step in enumerate(steps) if step == ("checking", "a generated program")]
+    assert len(starts) == 2 and starts[0] == 0, steps
+    assert all(steps[i + 1] == ("lowering", "spec") for i in starts), steps
