@@ -169,8 +169,9 @@ class Xdist:
         scenario, schedule = found.get("ptn_scenario"), found.get("ptn_schedule")
         expected = self.state.expected(spec, rules, scenario, schedule) if availability is not None else []
         if expected and not self.config.option.runxfail:
+            listed = next((e for e in expected if e.intermittent), expected[0])  # as plugin.mark_expected
             report.outcome = "skipped"
-            report.wasxfail = f"{expected[0].describe()}\n{text}"
+            report.wasxfail = f"{listed.describe()}\n{text}"
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         if not hasattr(config, "workerinput") and "run_folder" in self.__dict__:  # the controller made it
