@@ -145,7 +145,8 @@ def test_the_limit_comes_from_the_option_then_the_ini_then_the_default(pytester:
 
 
 def test_the_watchdog_ends_a_process_that_makes_no_progress(tmp_path: Path) -> None:
-    """Every thread's stack goes to the file and the process ends; while idle, nothing does."""
+    """Progress restarts the clock; while idle nothing runs it; past the limit every thread's stack goes to
+    the file and the process ends."""
     fault = tmp_path / "gw0.fault"
     script = textwrap.dedent(
         f"""
@@ -153,7 +154,9 @@ def test_the_watchdog_ends_a_process_that_makes_no_progress(tmp_path: Path) -> N
         from pytest_ptn.scheduling.hangs import Watchdog
 
         watchdog = Watchdog(0.3, open({str(fault)!r}, "w"))
-        watchdog.progress()
+        for _ in range(6):  # 0.9 s in all, never 0.3 s without progress
+            watchdog.progress()
+            time.sleep(0.15)
         watchdog.idle()
         time.sleep(0.6)
         print("idle is not a hang", flush=True)

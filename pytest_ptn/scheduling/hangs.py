@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import faulthandler
 import re
+import time
 from typing import IO
 
 import pytest
@@ -80,18 +81,33 @@ def is_timeout_dump(fault: str) -> bool:
 
 class Watchdog:
     """faulthandler's watchdog for one worker: every thread's stack into ``file`` and the process ended
-    (exit status 1) once ``seconds`` pass without ``progress()``; 0 seconds: never."""
+    (exit status 1) once ``seconds`` pass without ``progress()``; 0 seconds: never.
+
+    Re-arming starts a new watchdog thread (about 0.1 ms), and a run has thousands of steps, most of them
+    milliseconds apart; so the watchdog is armed for ``seconds`` plus a slack of one percent and re-armed
+    only once that slack has run down: it fires between ``seconds`` and ``1.01 * seconds`` after the last
+    progress, never sooner."""
+
+    SLACK = 0.01
 
     def __init__(self, seconds: float, file: IO[str]):
         self.seconds = seconds
         self.file = file
+        self.armed_at: float | None = None
 
     def progress(self) -> None:
         """A step starts: the clock starts again."""
-        if self.seconds > 0:
-            faulthandler.dump_traceback_later(self.seconds, repeat=False, file=self.file, exit=True)
+        if self.seconds <= 0:
+            return
+        now = time.monotonic()
+        slack = self.seconds * self.SLACK
+        if self.armed_at is not None and now - self.armed_at < slack:
+            return  # the deadline armed then is still at least ``seconds`` away
+        faulthandler.dump_traceback_later(self.seconds + slack, repeat=False, file=self.file, exit=True)
+        self.armed_at = now
 
     def idle(self) -> None:
         """No step is running (between tests, while the worker waits for work): no clock."""
-        if self.seconds > 0:
+        if self.armed_at is not None:
             faulthandler.cancel_dump_traceback_later()
+            self.armed_at = None
