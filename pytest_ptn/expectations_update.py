@@ -321,7 +321,8 @@ def new_head(backend: str, requires: dict[str, str], provenance: dict[str, str])
         f"Known failures of `{backend}`, measured with {DISTRIBUTION} {provenance.get('pytest_ptn', '?')} "
         f"({measured})",
         "and written by `python -m pytest_ptn expectations update`. Each entry is a strict xfail: one that",
-        "starts passing fails the run as stale. Fill in each empty `link` with the issue that tracks it.",
+        "starts passing fails the run as stale, but for an `intermittent` one, which may pass or fail (its",
+        "verdict depends on timing). Fill in each empty `link` with the issue that tracks it.",
     ):
         doc.add(tomlkit.comment(line))
     doc.add("backend", backend)

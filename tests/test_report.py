@@ -482,7 +482,7 @@ def test_intermittent_tests_are_counted_apart_with_what_they_did(tmp_path: Path)
     assert (s7.cells["racy"].status, s7.cells["racy"].label) == (results.XFAIL, "1p 2i")
     assert s7.cells["racy"].words == "1 pass · 2 intermittent (1 passed, 1 failed)"
     text = "\n".join(render.render_text(doc))
-    assert "2 intermittent tests (1 passed, 1 failed this time), listed as intermittent" in text
+    assert "2 intermittent tests (1 passed, 1 failed this time), listed as passing or failing by" in text
     assert "  i S7 on racy · a: passed this time" in text and "  i S7 on racy · b: failed this time" in text
     assert "SHOULD: all pass" in render.render_markdown(doc)
     render.write_reports(doc, tmp_path)

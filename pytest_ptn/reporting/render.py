@@ -41,7 +41,7 @@ LEGEND = (
     "legend: F fail  X xpass (a fail)  x xfail (known bug)  p pass  - n/a  s skip  . not run  "
     "i intermittent (listed as passing or failing by timing)"
 )
-INTERMITTENT_MEANING = "listed as intermittent: a pass or a failure is expected, never stale"
+INTERMITTENT_MEANING = "listed as passing or failing by timing: either is expected, never stale"
 SHOULD_COUNTING = (
     "a SHOULD test that fails is F here and xfailed to pytest: it is a failure of that rule, not of the run"
 )
