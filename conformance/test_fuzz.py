@@ -36,6 +36,7 @@ def test_generated_programs_match_eager(
     @given(program_specs())
     def check(spec: ProgramSpec) -> None:
         crashes.attach(f"the program, as a test:\n\n{reproducer(spec)}")  # shown if the backend crashes
+        crashes.enter(ptn_backend.name, "a generated program", "checking", known=False)  # one step each
         try:
             fail_on(
                 check_spec(ptn_backend, spec, tmp_path_factory.mktemp("fuzz")), "outputs differ from eager"

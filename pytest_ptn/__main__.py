@@ -4,7 +4,7 @@ python -m pytest_ptn --version
 python -m pytest_ptn list {backends,scenarios,rules} [--json]
 python -m pytest_ptn report merge A.json B.json ... -o OUTDIR [--previous OLD.json]
 python -m pytest_ptn report render DIR [-o OUTDIR]
-python -m pytest_ptn expectations update RESULTS.json [--file EXPECTATIONS.toml]
+python -m pytest_ptn expectations update RESULTS.json [RESULTS.json ...] [--file EXPECTATIONS.toml]
 python -m pytest_ptn new-backend NAME [--into DIR]
 """
 
@@ -81,12 +81,14 @@ def main(argv: list[str] | None = None) -> int:
     known_commands = known.add_subparsers(dest="expectations_command", required=True)
     update = known_commands.add_parser(
         "update",
-        help="write or update a backend's known failures from a run's results.json",
+        help="write or update a backend's known failures from the results.json of one run or several",
         description="Entries of rule x scenario that still fail are kept with their reason and link, those "
         "that passed (xpass: stale) are removed, new failures are added with an empty link to fill in; "
-        "the diff is printed. A new file takes the run's versions; an existing one keeps its range.",
+        "the diff is printed. A test that failed in one of the runs given and passed in another makes its "
+        "entry intermittent (it may pass or fail, never stale), as does any S7 failure (its verdict is "
+        "thread timing). A new file takes the run's versions; an existing one keeps its range.",
     )
-    update.add_argument("results", type=Path, metavar="RESULTS_JSON")
+    update.add_argument("results", type=Path, nargs="+", metavar="RESULTS_JSON")
     update.add_argument(
         "--file",
         type=Path,
@@ -154,13 +156,15 @@ def _render(args: argparse.Namespace) -> int:
 
 
 def _update_expectations(args: argparse.Namespace) -> int:
-    updates = expectations_update.update(results.load(args.results), args.file, Path.cwd())
+    docs = [results.load(path) for path in args.results]
+    updates = expectations_update.update(docs, args.file, Path.cwd())
     for update in updates:
         print("\n".join(update.diff()))
         update.path.write_text(update.new_text, encoding="utf-8")
         print("\n".join(update.summary()))
     if not updates:
-        print(f"{args.results} holds no conformance results: nothing to write")
+        given = " ".join(map(str, args.results))
+        print(f"{given} {'holds' if len(docs) == 1 else 'hold'} no conformance results: nothing to write")
     return 0
 
 

@@ -175,6 +175,15 @@ class Backend(ABC):
     def availability(cls) -> Availability:
         """Whether this machine can run the backend, cheaply: never import torch or executorch here."""
 
+    @classmethod
+    def load_runtime(cls) -> None:
+        """Import and initialise what ``load()`` needs (a C++ extension, a driver), raising what that raises:
+        a runtime built against another torch fails here (``ImportError: ... undefined symbol``), not in
+        every test. Asked once per test process before its first test, where torch is imported anyway
+        (``availability()`` runs when the plugin loads, and must stay cheap); an exception makes the backend
+        unavailable, with it as the reason. Nothing to do by default."""
+        return None
+
     def float32_computed_in(self) -> ReducedPrecision | None:
         """The coarser dtype this backend computes float32 programs in on this machine; None: float32."""
         return None
@@ -303,6 +312,17 @@ def availability_of(spec: str, cls: type[Backend]) -> Availability:
         raise BackendError(f"backend {spec!r}: availability() raised {one_line(e)}") from e
     if not isinstance(availability, Availability):
         raise BackendError(f"backend {spec!r}: availability() returned {availability!r}, not an Availability")
+    return availability
+
+
+def runtime_availability(cls: type[Backend], availability: Availability) -> Availability:
+    """``availability``, unless ``cls.load_runtime()`` raises: then unavailable, with what it raised."""
+    if not availability.available:
+        return availability
+    try:
+        cls.load_runtime()
+    except Exception as e:
+        return Availability(False, f"its runtime cannot be loaded: {one_line(e)}", availability.versions)
     return availability
 
 

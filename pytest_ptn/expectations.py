@@ -10,10 +10,14 @@ One TOML file per backend (and version range) in ``conformance/expectations/``:
     reason = "to_native rejects ..."
     link = "https://github.com/pytorch/executorch/pull/23891"
     schedule = "at_first_call"          # optional: only under this load schedule (pytest_ptn.schedule)
+    intermittent = true                 # optional: it may pass or fail (WPT's [PASS, FAIL])
 
-A listed failure that passes fails the run (strict xfail), so the data cannot go stale silently. ``link`` may
-be ``""`` while no upstream issue is filed yet (a fresh baseline): the run header counts such entries.
-``python -m pytest_ptn expectations update`` writes and prunes these files from a run.
+A listed failure that passes fails the run (strict xfail), so the data cannot go stale silently. An
+``intermittent`` entry is of a verdict that depends on timing (a race that shows in some runs only): its
+test may pass or fail, so it is a non-strict xfail, never stale, and the reports show it apart with what it
+did this time. ``link`` may be ``""`` while no upstream issue is filed yet (a fresh baseline): the run header
+counts such entries. ``python -m pytest_ptn expectations update`` writes and prunes these files from one run
+or several.
 """
 
 from __future__ import annotations
@@ -69,6 +73,8 @@ class Expectation:
     source: Path
     schedule: str | None = None
     """The load schedule (LoadSchedule value) the failure shows under; None: every schedule."""
+    intermittent: bool = False
+    """The test may pass or fail (its verdict depends on timing): expected, never stale either way."""
 
     def matches(
         self, backend: str, rules: list[str], scenario: str | None, schedule: str | None = None
@@ -81,8 +87,14 @@ class Expectation:
         )
 
     def describe(self) -> str:
+        link = self.link or "no link yet"
+        if self.intermittent:
+            return (
+                f"known intermittent failure of {self.backend} on {self.rule}: {self.reason} ({link}); it "
+                f"may pass or fail, and either is expected ({self.source})"
+            )
         return (
-            f"known failure of {self.backend} on {self.rule}: {self.reason} ({self.link or 'no link yet'}); "
+            f"known failure of {self.backend} on {self.rule}: {self.reason} ({link}); "
             f"if this passes, the expectation is stale: remove it from {self.source}"
         )
 
@@ -109,7 +121,11 @@ class ExpectationFile:
     def summary(self) -> list[str]:
         """The run header's lines about this file: what it lists, and once, the entries still to be linked
         (a header line, not a warning: hosts run with ``filterwarnings = error``)."""
-        lines = [f"ptn expectations for {self.backend}: {self.path} ({len(self.entries)} known failures)"]
+        intermittent = sum(e.intermittent for e in self.entries)
+        of_them = f", {intermittent} of them intermittent" if intermittent else ""
+        lines = [
+            f"ptn expectations for {self.backend}: {self.path} ({len(self.entries)} known failures{of_them})"
+        ]
         unlinked = [e for e in self.entries if not e.link]
         if unlinked:
             lines.append(
@@ -168,8 +184,20 @@ def read(path: Path, user_scenarios: Collection[str] = ()) -> ExpectationFile:
             raise ExpectationsError(
                 f"{where}: schedule must be one of {', '.join(SCHEDULES)}, not {schedule!r}"
             )
+        intermittent = raw.get("intermittent", False)
+        if not isinstance(intermittent, bool):
+            raise ExpectationsError(f"{where}: intermittent must be true or false, not {intermittent!r}")
         entries.append(
-            Expectation(backend, raw["rule"], raw["scenario"], raw["reason"], raw["link"], path, schedule)
+            Expectation(
+                backend,
+                raw["rule"],
+                raw["scenario"],
+                raw["reason"],
+                raw["link"],
+                path,
+                schedule,
+                intermittent,
+            )  # fmt: skip
         )
     return ExpectationFile(path, backend, requires, tuple(entries))
 

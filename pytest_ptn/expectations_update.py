@@ -1,10 +1,16 @@
-"""``python -m pytest_ptn expectations update``: a backend's known-failure file brought in line with a run.
+"""``python -m pytest_ptn expectations update``: a backend's known-failure file brought in line with runs.
 
 A baseline lists what fails today, so a new backend's run goes green and then can only get better; upkeep
 removes the entries a fix made stale and adds what newly fails, keeping the reason and link someone wrote
 for each entry that still fails. The outcome of a rule x scenario decides: a failure (``fail``, or ``xfail``
 when the run used the file) keeps or adds its entry, a pass (``pass``, or ``xpass``: a stale strict xfail)
 removes it, and a rule or scenario the run did not select leaves its entries alone.
+
+Given several runs (their results.json files), a test that failed in one and passed in another makes its
+entry intermittent: it may pass or fail, and is never stale. A failure of a rule whose verdict depends on
+timing (ruleset.TIMING_DEPENDENT: S7) is written intermittent from one run, since the next run may not
+catch the race. An intermittent entry is never removed: that all the runs given passed is no proof that
+the race is gone (the summary says so, for a person to decide).
 
 The files are written with tomlkit, which keeps an existing file's comments and layout: the entries are flat
 tables a hand-written writer could print, but the shipped files carry comments (how each failure was
@@ -16,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +41,7 @@ from pytest_ptn.expectations import (
 )
 from pytest_ptn.reporting import reasons, results
 from pytest_ptn.reporting.collect import NO_BACKEND
-from pytest_ptn.ruleset import RULES
+from pytest_ptn.ruleset import RULES, TIMING_DEPENDENT
 
 Cell = tuple[str, str]
 """(rule, scenario): what one expectation entry names. Rows without a scenario fall under ANY_SCENARIO, the
@@ -57,6 +63,8 @@ class Update:
     kept: list[Expectation] = field(default_factory=list)
     stale: list[Expectation] = field(default_factory=list)
     added: list[Expectation] = field(default_factory=list)
+    made_intermittent: list[Expectation] = field(default_factory=list)
+    """Entries kept, and now intermittent: their tests both failed and passed in the runs."""
     notes: list[str] = field(default_factory=list)
     old_text: str = ""
     new_text: str = ""
@@ -69,9 +77,13 @@ class Update:
 
     def summary(self) -> list[str]:
         unlinked = sum(1 for e in (*self.kept, *self.added) if not e.link)
+        new_intermittent = sum(e.intermittent for e in self.added)
+        made = f", {len(self.made_intermittent)} made intermittent" if self.made_intermittent else ""
         lines = [
-            f"{self.path}: {self.backend}: {len(self.kept)} kept, {len(self.stale)} stale removed, "
-            f"{len(self.added)} added" + (f"; {unlinked} without a link: fill in `link`" if unlinked else "")
+            f"{self.path}: {self.backend}: {len(self.kept)} kept{made}, {len(self.stale)} stale removed, "
+            f"{len(self.added)} added"
+            + (f" ({new_intermittent} intermittent)" if new_intermittent else "")
+            + (f"; {unlinked} without a link: fill in `link`" if unlinked else "")
         ]
         return lines + [f"note: {note}" for note in self.notes]
 
@@ -97,13 +109,19 @@ def plan(
     path: Path, backend: str, entries: Iterable[Expectation], rows: Iterable[results.Result]
 ) -> tuple[Update, list[Planned]]:
     """Which entries stay, go or come, and the new file's entries in order: kept ones where they were (an
-    ``*`` entry that now passes somewhere narrowed to the scenarios that still fail), new ones after."""
+    ``*`` entry that now passes somewhere narrowed to the scenarios that still fail), new ones after.
+    ``rows`` may hold several runs' results: a test found failing in one and passing in another makes its
+    cell intermittent."""
+    rows = list(rows)
     cells = outcomes_by_cell(rows)
     failing = {c for c, rs in cells.items() if any(r.outcome in FAILING for r in rs)}
     passing = {c for c, rs in cells.items() if any(r.outcome in PASSING for r in rs)}
+    intermittent = {c for c in failing if c[0] in TIMING_DEPENDENT} | _flipping(cells)
     # A cell whose tests fail under one load schedule and pass under the other: its entry names the schedule.
-    one_schedule = {c: s for c in failing & passing if (s := _failing_schedule(cells[c])) is not None}
-    passing = passing - set(one_schedule)
+    one_schedule = {
+        c: s for c in (failing & passing) - intermittent if (s := _failing_schedule(cells[c])) is not None
+    }
+    passing = passing - set(one_schedule) - intermittent
     update = Update(path, backend)
     update.notes += [
         f"{rule} {scenario}: some tests fail and some pass; one entry cannot tell them apart, so the passing "
@@ -113,6 +131,24 @@ def plan(
     final: list[Planned] = []
     for index, entry in enumerate(entries):
         cell = (entry.rule, entry.scenario)
+        if entry.intermittent:  # never stale: a pass is one of its outcomes
+            update.kept.append(entry)
+            final.append((entry, index))
+            if cell in passing - failing:
+                update.notes.append(
+                    f"{entry.rule} {entry.scenario}: intermittent, and it passed in every run given; it is "
+                    "kept (a race may not show for many runs): remove it by hand once it is fixed"
+                )
+            continue
+        if cell in intermittent:  # its tests failed and passed: whatever schedule it named, either may
+            if any(e.intermittent and e.matches(backend, [entry.rule], entry.scenario) for e, _ in final):
+                update.stale.append(entry)  # the cell's other schedule: one intermittent entry holds both
+                continue
+            changed = dataclasses.replace(entry, intermittent=True, schedule=None)
+            update.kept.append(changed)
+            update.made_intermittent.append(changed)
+            final.append((changed, index if entry.schedule is None else None))
+            continue
         if cell in one_schedule and entry.schedule is None:  # narrowed to the schedule it fails under
             update.stale.append(entry)
             scheduled = dataclasses.replace(entry, schedule=one_schedule[cell])
@@ -123,8 +159,8 @@ def plan(
             passes = entry.schedule != one_schedule[cell]
         elif entry.scenario != ANY_SCENARIO:
             passes = cell in passing - failing
-        else:
-            passes = any(rule == entry.rule for rule, _ in passing - failing)
+        else:  # narrowed where a scenario passes, or passes sometimes
+            passes = any(rule == entry.rule for rule, _ in (passing - failing) | intermittent)
         if not passes:
             update.kept.append(entry)
             final.append((entry, index))
@@ -132,7 +168,10 @@ def plan(
         update.stale.append(entry)
         if entry.scenario == ANY_SCENARIO:
             still = sorted((c for c in failing if c[0] == entry.rule), key=_cell_order)
-            narrowed = [Expectation(backend, r, s, entry.reason, entry.link, path) for r, s in still]
+            narrowed = [
+                Expectation(backend, r, s, entry.reason, entry.link, path, None, (r, s) in intermittent)
+                for r, s in still
+            ]
             update.kept += narrowed
             final += [(e, None) for e in narrowed]
     for cell in sorted(failing, key=_cell_order):
@@ -140,10 +179,24 @@ def plan(
         if not any(e.matches(backend, [cell[0]], cell[1], schedule) for e, _ in final):
             first = next(r for r in cells[cell] if r.outcome in FAILING)
             reason = reason_of(first.reason)
-            new = Expectation(backend, cell[0], cell[1], reason, "", path, schedule)
+            new = Expectation(backend, cell[0], cell[1], reason, "", path, schedule, cell in intermittent)
             update.added.append(new)
             final.append((new, None))
     return update, final
+
+
+def _flipping(cells: dict[Cell, list[results.Result]]) -> set[Cell]:
+    """The cells with a test that failed in one of the runs and passed in another (the rows of several runs:
+    one test, one rule, several rows)."""
+    outcomes: dict[tuple[Cell, str], set[str]] = defaultdict(set)
+    for cell, rows in cells.items():
+        for r in rows:
+            outcomes[(cell, r.nodeid)].add(r.outcome)
+    return {
+        cell
+        for (cell, _), seen in outcomes.items()
+        if not seen.isdisjoint(FAILING) and not seen.isdisjoint(PASSING)
+    }
 
 
 def _failing_schedule(rows: list[results.Result]) -> str | None:
@@ -191,6 +244,8 @@ def _table(entry: Expectation) -> Any:
     table.add("reason", entry.reason)
     if entry.schedule is not None:
         table.add("schedule", entry.schedule)
+    if entry.intermittent:
+        table.add("intermittent", True)
     link = tomlkit.string(entry.link)
     if not entry.link:
         link.comment(LINK_TO_FILL)
@@ -207,6 +262,18 @@ def _trailing_comments(table: Any) -> list[Any]:
     items = [item for key, item in table.value.body if key is None]
     at = [i for i, item in enumerate(items) if isinstance(item, Comment)]
     return items[at[0] : at[-1] + 1] if at else []
+
+
+def _mark_intermittent(table: Any) -> None:
+    """``intermittent = true`` after a kept table's last key, above the comments that trail it (they
+    introduce the next entry)."""
+    body = table.value.body
+    trailing: list[Any] = []
+    while body and body[-1][0] is None:  # comments and blank lines after the last key
+        trailing.insert(0, body.pop()[1])
+    table.add("intermittent", True)
+    for item in trailing:
+        table.add(item)
 
 
 def render(base_text: str, final: list[Planned]) -> str:
@@ -234,7 +301,10 @@ def render(base_text: str, final: list[Planned]) -> str:
         doc.add(item)
     aot = tomlkit.aot()
     for entry, old_index in final:
-        aot.append(tables[old_index] if old_index is not None else _table(entry))
+        table = tables[old_index] if old_index is not None else _table(entry)
+        if entry.intermittent and "intermittent" not in table:
+            _mark_intermittent(table)
+        aot.append(table)
     if len(aot):
         doc.add("xfail", aot)
     text: str = tomlkit.dumps(doc)
@@ -251,7 +321,8 @@ def new_head(backend: str, requires: dict[str, str], provenance: dict[str, str])
         f"Known failures of `{backend}`, measured with {DISTRIBUTION} {provenance.get('pytest_ptn', '?')} "
         f"({measured})",
         "and written by `python -m pytest_ptn expectations update`. Each entry is a strict xfail: one that",
-        "starts passing fails the run as stale. Fill in each empty `link` with the issue that tracks it.",
+        "starts passing fails the run as stale, but for an `intermittent` one, which may pass or fail (its",
+        "verdict depends on timing). Fill in each empty `link` with the issue that tracks it.",
     ):
         doc.add(tomlkit.comment(line))
     doc.add("backend", backend)
@@ -273,12 +344,16 @@ def backend_names(rows: Iterable[results.Result]) -> dict[str, type[Backend]]:
     return {spec: resolve_backend(spec) for spec in specs}
 
 
-def update(doc: results.Results, path: Path | None, where: Path) -> list[Update]:
+def update(docs: Sequence[results.Results], path: Path | None, where: Path) -> list[Update]:
     """Plan and render the update of ``path`` (or of ``<backend>.toml`` under ``where``, one per backend of
-    the run) from a run's results; nothing is written."""
-    classes = backend_names(doc.results)
+    the runs) from the results of one run or several; nothing is written."""
+    if not docs:
+        raise ValueError("no results to update from")
+    doc = docs[0] if len(docs) == 1 else results.merge(docs)  # its provenance: what the runs share
+    every_row = [r for d in docs for r in d.results]
+    classes = backend_names(every_row)
     names = sorted({cls.name for cls in classes.values()})
-    ran = {r.scenario for r in doc.results if r.scenario is not None}  # the host's own programs too
+    ran = {r.scenario for r in every_row if r.scenario is not None}  # the host's own programs too
     old = read(path, ran) if path is not None and path.exists() else None
     if old is not None:
         names = [old.backend] if old.backend in names else []
@@ -295,7 +370,7 @@ def update(doc: results.Results, path: Path | None, where: Path) -> list[Update]
         specs = [s for s, c in classes.items() if c.name == name]
         target = path if path is not None else where / file_name(name)
         existing = old if old is not None else read(target, ran) if target.exists() else None
-        rows = [r for r in doc.results if r.backend in specs]
+        rows = [r for r in every_row if r.backend in specs]
         update, final = plan(target, name, existing.entries if existing else (), rows)
         if existing is not None:
             update.old_text = target.read_text(encoding="utf-8")

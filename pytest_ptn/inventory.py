@@ -2,6 +2,9 @@
 
 An installed backend is asked only for its ``availability()``, which imports neither torch nor executorch;
 the ``ext:`` flows are ExecuTorch's own registry, which only importing executorch's test suite can list.
+``list backends``, which imports executorch for them anyway, also has each available backend load its
+runtime (``Backend.load_runtime``), where a run would stop before its first test. Whatever one of them
+raises, it is listed as unavailable with what it raised, and the others are listed all the same.
 """
 
 from __future__ import annotations
@@ -9,13 +12,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pytest_ptn.backend import (
+    EXT_PREFIX,
     Availability,
     Backend,
     BackendError,
     Capability,
     availability_of,
     installed_backends,
+    one_line,
     resolve_backend,
+    runtime_availability,
 )
 from pytest_ptn.backends import ext
 from pytest_ptn.programs import catalogue, zoo
@@ -53,13 +59,16 @@ class RuleInfo:
     """When the rule applies without a capability only case by case: which, and the case; else ""."""
 
 
-def backends() -> list[BackendInfo]:
-    """Every installed backend; one that cannot even be imported is listed as unavailable, with why."""
+def backends(load_runtimes: bool = False) -> list[BackendInfo]:
+    """Every installed backend; one that cannot even be imported is listed as unavailable, with why. With
+    ``load_runtimes``, also one whose runtime does not load (that imports torch and executorch)."""
     infos = []
     for name in sorted(installed_backends()):
         try:
             cls = resolve_backend(name)
             availability = availability_of(name, cls)
+            if load_runtimes:
+                availability = runtime_availability(cls, availability)
         except BackendError as e:
             infos.append(BackendInfo(name, False, f"cannot load the backend: {e}", {}, [], {}))
             continue
@@ -70,18 +79,27 @@ def backends() -> list[BackendInfo]:
 def ext_flows() -> list[BackendInfo]:
     """Every flow of ExecuTorch's backend test suite as ``ext:<flow>``, with availability, and each group of
     flows the registry left out (``ext:qnn*``) with why."""
+    try:
+        listed = ext.listing()
+    except Exception as e:  # importing executorch's test suite failed: its runtime, a toolchain
+        return [
+            BackendInfo(f"{EXT_PREFIX}*", False, f"cannot read the flow registry: {one_line(e)}", {}, [], {})
+        ]
     infos = []
-    for name, cls, why_not in ext.listing():
+    for name, cls, why_not in listed:
         if cls is None:
             infos.append(BackendInfo(name, False, why_not, {}, [], {}))
             continue
-        infos.append(_info(name, cls, availability_of(name, cls)))
+        try:
+            infos.append(_info(name, cls, availability_of(name, cls)))
+        except BackendError as e:
+            infos.append(BackendInfo(name, False, str(e), {}, _capability_names(cls.capabilities), {}))
     return infos
 
 
 def all_backends() -> list[BackendInfo]:
-    """The installed backends, then the ext: flows."""
-    return backends() + ext_flows()
+    """The installed backends, their runtimes loaded, then the ext: flows."""
+    return backends(load_runtimes=True) + ext_flows()
 
 
 def scenarios() -> list[ScenarioInfo]:

@@ -17,7 +17,14 @@ import pytest
 from _pytest.reports import TestReport
 
 from pytest_ptn import expectations, hookspecs, stopping, upstream_noise
-from pytest_ptn.backend import Backend, BackendError, Capability, availability_of, resolve_backend
+from pytest_ptn.backend import (
+    Backend,
+    BackendError,
+    Capability,
+    availability_of,
+    resolve_backend,
+    runtime_availability,
+)
 from pytest_ptn.programs import catalogue, zoo
 from pytest_ptn.reporting import collect, repro
 from pytest_ptn.ruleset import (
@@ -31,7 +38,7 @@ from pytest_ptn.ruleset import (
     should_not_met,
 )
 from pytest_ptn.schedule import LoadSchedule
-from pytest_ptn.scheduling import gpus, shards, workers
+from pytest_ptn.scheduling import gpus, hangs, shards, workers
 from pytest_ptn.session import RUN_STATE, RunState
 from pytest_ptn.spec import Scenario
 
@@ -93,6 +100,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     repro.add_option(group)
     shards.add_option(group)
     gpus.add_option(group)
+    hangs.add_options(parser, group)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -120,6 +128,7 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     if workerinput and "ptn_sys_path" in workerinput:  # backends the controller could import, workers can
         sys.path[:0] = [p for p in workerinput["ptn_sys_path"] if p not in sys.path]
+    hangs.limit(config)  # a bad value is a usage error now, not in every worker
     collect.configure(config)
     stopping.configure(config, state.explicit)
     repro.configure(config)
@@ -203,10 +212,16 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         return []
     profile = config.getoption("ptn_fuzz_profile")
     lines = [f"ptn: conformance spec v{SPEC_VERSION}; fuzz profile {profile}, --ptn-seed={state.seed}"]
+    limit = hangs.limit(config)
     if config.getoption("numprocesses", None):
-        lines.append("ptn: crash isolation on: tests run in xdist workers, a crash fails the test it hit")
+        hung = f"a step with {hangs.no_progress(limit)} fails as hung" if limit else "no time limit"
+        isolated = "ptn: crash isolation on: tests run in xdist workers, a crash fails the test it hit"
+        lines.append(f"{isolated}, {hung}")
     else:
-        lines.append("ptn: crash isolation off (in-process run): a backend that crashes ends the run")
+        lines.append(
+            "ptn: crash isolation off (in-process run): a backend that crashes ends the run, and one that "
+            f"hangs is not isolated either ({hangs.OPTION} applies in xdist workers only)"
+        )
     for spec in state.requested:
         a = state.availability[spec]
         versions = ", ".join(f"{k} {v}" for k, v in a.versions.items())
@@ -246,6 +261,29 @@ def _callspec_param(item: pytest.Item, name: str) -> str | None:
     return callspec.params.get(name) if callspec is not None else None
 
 
+@pytest.hookimpl(tryfirst=True)  # in an xdist worker: before xdist tells the controller what it collected
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Where tests are about to run (in this process, or in this xdist worker), each requested backend that
+    tests use loads its runtime first: one that cannot (an extension built against another torch) is a usage
+    error naming why, never a run of failures. A worker writes it down for the controller, which ends the
+    run with it (pytest_ptn.scheduling.workers); ``availability()`` alone stays cheap at plugin start."""
+    config = session.config
+    state = config.stash.get(RUN_STATE, None)
+    if state is None or not state.explicit or workers.is_controller(config) or config.option.collectonly:
+        return
+    used = {_callspec_param(item, "ptn_backend") for item in session.items}
+    for spec in (s for s in state.requested if s in used):
+        state.availability[spec] = runtime_availability(state.classes[spec], state.availability[spec])
+        if not state.availability[spec].available:
+            message = (
+                f"--ptn-backend={spec} is unavailable on this machine: {state.availability[spec].reason}"
+            )
+            if hasattr(config, "workerinput"):
+                workers.note_unavailable(config, message)
+                return
+            raise pytest.UsageError(message)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     workerinput = getattr(config, "workerinput", None)
     if workerinput and workerinput.get("ptn_by_case"):  # see Xdist.pytest_xdist_make_scheduler
@@ -273,8 +311,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if scenario in zoo.BY_NAME:
             item.add_marker(zoo.ZOO_TAG)
         if backend is not None:
-            for e in config.stash[RUN_STATE].expected(backend, rules, scenario, schedule):
-                item.add_marker(pytest.mark.xfail(strict=True, reason=e.describe()))
+            mark_expected(item, config.stash[RUN_STATE].expected(backend, rules, scenario, schedule))
+
+
+def mark_expected(item: pytest.Item, expected: list[expectations.Expectation]) -> None:
+    """Listed failures are strict xfails; a test an intermittent entry lists may pass or fail (a non-strict
+    xfail, never stale), and is reported apart."""
+    intermittent = [e for e in expected if e.intermittent]
+    if intermittent:
+        item.add_marker(pytest.mark.xfail(strict=False, reason=intermittent[0].describe()))
+        item.user_properties.append((collect.INTERMITTENT_PROPERTY, "1"))
+        return
+    for e in expected:
+        item.add_marker(pytest.mark.xfail(strict=True, reason=e.describe()))
 
 
 @pytest.fixture(scope="session")

@@ -252,3 +252,78 @@ def test_a_file_of_another_backend_is_a_one_line_error(
     assert capsys.readouterr().err.startswith(
         "error: the results hold no backend 'pte' (they hold: reference"
     )
+
+
+# --- intermittent entries: several runs, timing-dependent rules --------------------------------------------
+
+
+def intermittent(entries: list[tuple[expectations.Expectation, int | None]]) -> list[tuple[str, str, bool]]:
+    return [(e.rule, e.scenario, e.intermittent) for e, _ in entries]
+
+
+def test_runs_that_disagree_make_an_intermittent_entry_and_s7_is_one_from_one_run() -> None:
+    first = [row("E1", "a", results.FAIL), row("E1", "b", results.FAIL), row("S7", "a", results.FAIL)]
+    second = [row("E1", "a", results.PASS), row("E1", "b", results.FAIL), row("S7", "a", results.PASS)]
+    update, final = expectations_update.plan(Path("x.toml"), "reference", [], first + second)
+    assert intermittent(final) == [("E1", "a", True), ("E1", "b", False), ("S7", "a", True)]
+    assert not update.notes  # a test that flips is not "some fail and some pass"
+    _, final = expectations_update.plan(Path("x.toml"), "reference", [], first)
+    assert intermittent(final) == [("E1", "a", False), ("E1", "b", False), ("S7", "a", True)]
+    assert "intermittent = true" in expectations_update.render("", final)
+
+
+def test_an_intermittent_entry_is_never_stale_and_a_strict_one_that_flips_becomes_intermittent() -> None:
+    flaky = dataclasses.replace(entry("S7", "a"), intermittent=True)
+    passed = [row("S7", "a", results.PASS)]
+    update, final = expectations_update.plan(Path("x.toml"), "reference", [flaky], passed)
+    assert intermittent(final) == [("S7", "a", True)] and not update.stale
+    assert any("S7 a: intermittent, and it passed in every run given" in note for note in update.notes)
+    # a strict entry whose test passed in one run and failed in another: kept, link and all, intermittent
+    runs = [row("E1", "a", results.XPASS), row("E1", "a", results.XFAIL)]
+    update, final = expectations_update.plan(Path("x.toml"), "reference", [entry("E1", "a")], runs)
+    assert [(e.intermittent, e.link, index) for e, index in final] == [(True, LINK, 0)]
+    assert "1 kept, 1 made intermittent, 0 stale removed, 0 added" in update.summary()[0]
+    # an "*" entry is narrowed: the scenario that flips intermittent, the one that always fails strict
+    runs = [row("X1", "a", results.XFAIL), row("X1", "b", results.XFAIL), row("X1", "b", results.XPASS)]
+    _, final = expectations_update.plan(Path("x.toml"), "reference", [entry("X1", "*")], runs)
+    assert intermittent(final) == [("X1", "a", False), ("X1", "b", True)]
+
+
+def test_an_entry_made_intermittent_keeps_its_comments_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "x.toml"
+    path.write_text(OLD)
+    old = expectations.read(path)
+    runs = [row("E1", "colliding_literals", results.XFAIL), row("E1", "colliding_literals", results.XPASS)]
+    runs += [row("E1", "colliding_scalars", results.XFAIL)]
+    _, final = expectations_update.plan(path, "reference", old.entries, runs)
+    path.write_text(expectations_update.render(OLD, final))
+    text = path.read_text()
+    first = text.index('scenario = "colliding_literals"')
+    assert first < text.index("intermittent = true") < text.index("# the entries below came with the second")
+    assert [(e.scenario, e.intermittent, e.link) for e in expectations.read(path).entries] == [
+        ("colliding_literals", True, LINK),
+        ("colliding_scalars", False, LINK),
+    ]
+
+
+def test_update_reads_several_results_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    runs = []
+    for i, outcome in enumerate((results.FAIL, results.PASS, results.FAIL)):
+        runs.append(tmp_path / f"run{i}.json")
+        results.save(results.Results("1", {"torch": "2.13.0"}, [row("E1", "a", outcome)]), runs[-1])
+    known = tmp_path / "known.toml"
+    assert update(*runs, "--file", known) == 0
+    assert "1 added (1 intermittent)" in capsys.readouterr().out
+    (e,) = expectations.read(known, ["a"]).entries
+    assert (e.rule, e.scenario, e.intermittent) == ("E1", "a", True)
+    assert "intermittent failure" in e.describe() and "stale" not in e.describe()
+
+
+def test_intermittent_must_be_true_or_false(tmp_path: Path) -> None:
+    path = tmp_path / "x.toml"
+    path.write_text(
+        'backend = "reference"\n[[xfail]]\nrule = "S7"\nscenario = "*"\nreason = "r"\nlink = ""\n'
+        'intermittent = "sometimes"\n'
+    )
+    with pytest.raises(expectations.ExpectationsError, match="intermittent must be true or false"):
+        expectations.read(path)

@@ -168,6 +168,35 @@ def test_unavailable_backend_fails_the_run_with_its_reason(pytester: pytest.Pyte
     result.stdout.no_fnmatch_line("*passed*")
 
 
+def test_a_runtime_that_cannot_load_is_unavailable_before_any_test(pytester: pytest.Pytester) -> None:
+    """In-process here (the xdist worker's way: tests/test_pte_backend.py); a run that only collects asks
+    nothing of the runtime."""
+    pytester.makepyfile(
+        ptn_no_runtime_backend="""
+        from pytest_ptn.backends.reference import ReferenceBackend
+
+        class BuiltForAnotherTorch(ReferenceBackend):
+            name = "another-torch"
+
+            @classmethod
+            def load_runtime(cls):
+                raise ImportError("libvendor.so: undefined symbol: _ZN3c104impl3cow11cow_deleterEPv")
+        """
+    )
+    pytester.syspathinsert()
+    args = ("--ptn-backend=ptn_no_runtime_backend:BuiltForAnotherTorch", "-m", "P1")
+    result = run(pytester, *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        [
+            "*--ptn-backend=ptn_no_runtime_backend:BuiltForAnotherTorch is unavailable on this machine: its "
+            "runtime cannot be loaded: ImportError: libvendor.so: undefined symbol: *"
+        ]
+    )
+    result.stdout.no_fnmatch_line("*passed*")
+    assert run(pytester, *args, "--co").ret == pytest.ExitCode.OK
+
+
 # --- collection ------------------------------------------------------------------------------------------
 
 

@@ -6,20 +6,24 @@ a second or two once executorch is imported (about 10 s, paid by the first test 
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from pytest_ptn.backend import Backend, Capability
+from pytest_ptn.backend import EXT_PREFIX, Backend, Capability, installed_backends
 from pytest_ptn.backends import pte
 from pytest_ptn.harness import Case
 from pytest_ptn.isolation import ChildCrashed, RemoteTraceback, run_isolated
 from pytest_ptn.programs.catalogue import BY_NAME
 from pytest_ptn.spec import Constant, Method, ProgramSpec, Scenario
 
+QUIET = ("-p", "no:cacheprovider")
 VARIANTS = (pte.PteBackend, pte.XnnpackBackend, pte.ExternalConstantsBackend, pte.SharedStateBackend)
 
 
@@ -140,3 +144,53 @@ def test_external_constants_keep_each_methods_weight_under_one_fqn(tmp_path: Pat
     )
     case = _case(pte.ExternalConstantsBackend(), Scenario("f3", "same FQN, other bytes", spec), tmp_path)
     assert [str(m) for m in case.run_sequence(case.load())] == []
+
+
+NO_RUNTIME = """
+import importlib.abc
+import sys
+
+
+class NoRuntime(importlib.abc.MetaPathFinder):
+    '''executorch's runtime extension built against another torch, as an ABI mismatch leaves it.'''
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "executorch.extension.pybindings._C":
+            raise ImportError(f"{name}.so: undefined symbol: _ZN3c104impl3cow11cow_deleterEPv")
+        return None
+
+
+sys.meta_path.insert(0, NoRuntime())
+"""
+
+
+def test_a_runtime_that_cannot_load_is_a_usage_error_and_every_backend_is_still_listed(
+    tmp_path: Path,
+) -> None:
+    """The run's one xdist worker finds it before any test, and the controller ends the run with it; ``list
+    backends`` says it of every backend whose runtime it is, and lists the others."""
+    (tmp_path / "sitecustomize.py").write_text(NO_RUNTIME)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])),
+    }
+    env.pop("PYTEST_ADDOPTS", None)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "--ptn-backend=pte", "-k", "colliding_literals", *QUIET],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert run.returncode == pytest.ExitCode.USAGE_ERROR, run.stdout + run.stderr
+    said = "--ptn-backend=pte is unavailable on this machine: its runtime cannot be loaded: ImportError: "
+    assert f"{said}executorch.extension.pybindings._C.so: undefined symbol" in run.stdout + run.stderr
+    assert " passed" not in run.stdout and " failed" not in run.stdout
+
+    listed = subprocess.run(
+        [sys.executable, "-m", "pytest_ptn", "list", "backends", "--json"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    rows = {row["name"]: row for row in json.loads(listed.stdout)}
+    assert set(installed_backends()) <= set(rows) and any(name.startswith(EXT_PREFIX) for name in rows)
+    assert rows["reference"]["available"] and rows["native"]["available"]
+    for name in ("pte", "pte-xnnpack", "pte-external", "pte-shared-state", "ext:portable"):
+        assert not rows[name]["available"] and "undefined symbol" in rows[name]["reason"], rows[name]

@@ -19,6 +19,7 @@ import pytest
 
 from pytest_ptn.__main__ import main
 from pytest_ptn.reporting import render, results
+from pytest_ptn.reporting.matrix import build_matrix
 from pytest_ptn.ruleset import RULES, SPEC_VERSION
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -196,6 +197,7 @@ def test_results_json(suite: pytest.Pytester) -> None:
         "seed",
         "nodeid",
         "schedule",
+        "intermittent",
     }
     assert all(set(row) == fields for row in rows.values())
     outcomes = {key: row["outcome"] for key, row in rows.items()}
@@ -461,3 +463,39 @@ def test_html_renders_in_chromium(tmp_path: Path) -> None:
     ]
     subprocess.run(cmd, capture_output=True, timeout=60, check=False)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_intermittent_tests_are_counted_apart_with_what_they_did(tmp_path: Path) -> None:
+    """A test an expectation lists as intermittent is neither a pass nor a known bug of the cell: every view
+    counts it apart, with whether it passed or failed this time, and the run's verdict is not touched."""
+
+    def row(nodeid: str, outcome: str, intermittent: bool) -> results.Result:
+        reason = "known intermittent failure of racy on S7: threads race" if intermittent else ""
+        return results.Result(
+            "S7", "SHOULD", nodeid, "racy", outcome, reason, f"pytest {nodeid}", None, f"t.py::{nodeid}",
+            intermittent=intermittent,
+        )  # fmt: skip
+
+    rows = [row("a", results.PASS, True), row("b", results.XFAIL, True), row("c", results.PASS, False)]
+    doc = results.Results("1", {"torch": "2.13.0"}, rows)
+    (s7,) = build_matrix(rows).rows
+    assert (s7.cells["racy"].status, s7.cells["racy"].label) == (results.XFAIL, "1p 2i")
+    assert s7.cells["racy"].words == "1 pass · 2 intermittent (1 passed, 1 failed)"
+    text = "\n".join(render.render_text(doc))
+    assert "2 intermittent tests (1 passed, 1 failed this time), listed as passing or failing by" in text
+    assert "  i S7 on racy · a: passed this time" in text and "  i S7 on racy · b: failed this time" in text
+    assert "SHOULD: all pass" in render.render_markdown(doc)
+    render.write_reports(doc, tmp_path)
+    summary = (tmp_path / "summary.md").read_text()
+    assert "Intermittent: 2 intermittent tests (1 passed, 1 failed this time)" in summary
+    assert "Expected failures (known bugs)" not in summary  # b failed as listed, apart from known bugs
+    assert (
+        "<h2>Intermittent: 2 intermittent tests (1 passed, 1 failed this time)</h2>"
+        in (tmp_path / "index.html").read_text()
+    )
+    written = json.loads((tmp_path / "results.json").read_text())
+    assert written["intermittent"] == {"tests": 2, "passed": 1, "failed": 1}
+    assert [r.intermittent for r in results.load(tmp_path / "results.json").results] == [True, True, False]
+    written["results"][0]["outcome"] = results.FAIL  # an intermittent test only passes or fails as listed
+    with pytest.raises(results.ResultsFormatError, match="an intermittent test passes or fails as expected"):
+        results.from_dict(written)

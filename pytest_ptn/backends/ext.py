@@ -29,7 +29,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pytest_ptn import upstream_noise
-from pytest_ptn.backend import EXT_PREFIX, Availability, Backend, Capability, Loaded, package_version
+from pytest_ptn.backend import (
+    EXT_PREFIX,
+    Availability,
+    Backend,
+    Capability,
+    Loaded,
+    one_line,
+    package_version,
+)
 from pytest_ptn.backends.pte import PteLoaded, PteLowered, lower_to_pte
 from pytest_ptn.comparison import Tolerance
 
@@ -201,13 +209,16 @@ class ExtFlowBackend(Backend):
             with upstream_noise.contained():
                 delegates = delegates_of(wiring(flow, torch.nn.Identity(), (torch.zeros(1),)).partitioners)
         except Exception as e:
-            why = (
-                f"building flow {flow.name!r}'s tester failed: {type(e).__name__}: {' '.join(str(e).split())}"
+            return Availability(
+                False, f"building flow {flow.name!r}'s tester failed: {one_line(e)}", versions
             )
-            return Availability(False, why, versions)
-        missing = sorted(delegates - runtime_delegates())
+        try:
+            registered = runtime_delegates()
+        except Exception as e:  # its C++ extension does not load (built against another torch)
+            return Availability(False, f"this executorch runtime cannot be loaded: {one_line(e)}", versions)
+        missing = sorted(delegates - registered)
         if missing:
-            has = ", ".join(sorted(runtime_delegates())) or "none"
+            has = ", ".join(sorted(registered)) or "none"
             why = f"flow {flow.name!r} lowers, but this runtime has no {', '.join(missing)} (it has: {has})"
             return Availability(False, why, versions)
         if Capability.QUANTIZE in cls.capabilities:

@@ -117,6 +117,15 @@ class PteBackend(Backend):
             return Availability(False, "executorch is not installed")
         return Availability(True, versions={d: package_version(d) or "?" for d in ("executorch", "torch")})
 
+    @classmethod
+    def load_runtime(cls) -> None:
+        """``executorch.runtime`` as ``_load_program`` imports it: its C++ extension links the torch it was
+        built against. Importing it costs what a lowering pays anyway (``executorch.exir`` imports it)."""
+        with upstream_noise.contained():
+            from executorch.runtime import Runtime
+
+            Runtime.get()
+
     def partitioners(self, method: str) -> list[Any]:
         """Partitioners for one method (a delegate may need the method's name in its compile specs)."""
         return []

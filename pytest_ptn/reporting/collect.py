@@ -1,15 +1,18 @@
 """The pytest side of the conformance report: collect per-rule outcomes, print the matrix, write the files.
 
 Tests carry their metadata as ``item.user_properties`` (``ptn_rule`` once per rule checked, ``ptn_backend``,
-and optionally ``ptn_scenario``, ``ptn_repro``, ``ptn_seed``). User properties travel inside every
-TestReport, also from xdist workers, so the controller alone sees every outcome and nothing is merged by
-hand. They also become ``<property>`` elements of each ``<testcase>`` in ``--junitxml`` output under every
-``junit_family``; pass ``-o junit_family=xunit1`` (or ``legacy``) when the consumer validates against a
-schema, since only the xunit1 schema allows properties inside a testcase.
+and optionally ``ptn_scenario``, ``ptn_repro``, ``ptn_seed``, ``ptn_intermittent``). User properties travel
+inside every TestReport, also from xdist workers, so the controller alone sees every outcome and nothing is
+merged by hand. They also become ``<property>`` elements of each ``<testcase>`` in ``--junitxml`` output
+under every ``junit_family``; pass ``-o junit_family=xunit1`` (or ``legacy``) when the consumer validates
+against a schema, since only the xunit1 schema allows properties inside a testcase.
 
 A failed SHOULD test that the plugin turns into an xfail (so it does not fail the run) must carry a
 ``wasxfail`` made by ``ruleset.should_not_met``: it is reported as a failure of that SHOULD rule, with the
 original assertion as reason, not as a known bug.
+
+A test an intermittent expectation lists is a non-strict xfail: it is reported as what it did this time,
+a pass (pytest's XPASS) or an expected failure, marked intermittent (``results.Result.intermittent``).
 
 A failed report without ``ptn_rule`` (an internal error, a crash report without the test's properties, a
 collection error) is still a failure of the run: it is reported under rule ``results.UNKNOWN_RULE``, so a
@@ -50,6 +53,8 @@ from pytest_ptn.ruleset import (
 from pytest_ptn.scheduling import shards
 
 NO_BACKEND = "(no backend)"
+INTERMITTENT_PROPERTY = "ptn_intermittent"
+"""The user property of a test an intermittent expectation lists (value "1"), set at collection."""
 _COLOURS = {
     results.FAIL: {"red": True, "bold": True},
     results.XFAIL: {"yellow": True},
@@ -204,6 +209,8 @@ class ConformanceReporter:
         outcome = _outcome(report)
         if outcome is None:
             return
+        if outcome == results.XPASS and report.passed and (INTERMITTENT_PROPERTY, "1") in properties:
+            outcome = results.PASS  # a non-strict xfail that passed: one of the outcomes it may have
         previous = self.records.get(report.nodeid)
         if previous is not None and previous.outcome in (results.FAIL, results.XPASS):
             # The first failure is the cause; a later teardown error must not hide it.
@@ -327,6 +334,8 @@ def _rows(record: _Record, backends: set[str]) -> list[results.Result]:
             seed=int(seed) if seed is not None and seed.lstrip("-").isdigit() else None,
             nodeid=record.nodeid,
             schedule=props.get("ptn_schedule"),
+            intermittent=props.get(INTERMITTENT_PROPERTY) == "1"
+            and record.outcome in results.INTERMITTENT_OUTCOMES,
         )
         for rule in rules
     ]

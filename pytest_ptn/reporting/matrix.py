@@ -26,7 +26,16 @@ from pytest_ptn.reporting.results import (
 )
 from pytest_ptn.ruleset import LEVELS, RULES
 
+INTERMITTENT_LETTER = "i"
+"""The count letter of the tests an expectation lists as intermittent, in a terminal cell."""
+
 # --- the matrix -------------------------------------------------------------------------------------
+
+
+def intermittent_did(outcomes: Counter[str]) -> str:
+    """What intermittent tests did this time: ``1 passed, 2 failed``."""
+    counts = (("passed", outcomes[PASS]), ("failed", outcomes[XFAIL]))
+    return ", ".join(f"{n} {word}" for word, n in counts if n)
 
 
 @dataclass
@@ -37,33 +46,49 @@ class Cell:
 
     @property
     def counts(self) -> Counter[str]:
-        return Counter(r.outcome for r in self.results)
+        """Outcomes of the results not listed as intermittent (those are counted apart)."""
+        return Counter(r.outcome for r in self.results if not r.intermittent)
+
+    @property
+    def intermittent(self) -> Counter[str]:
+        """What the tests an expectation lists as intermittent did this time: pass or xfail."""
+        return Counter(r.outcome for r in self.results if r.intermittent)
 
     @property
     def status(self) -> str:
         counts = self.counts
         if counts[FAIL] or counts[XPASS]:
             return FAIL
-        for outcome in (XFAIL, PASS, NOT_APPLICABLE):
+        if counts[XFAIL] or self.intermittent:  # a known bug, whether it showed this time or not
+            return XFAIL
+        for outcome in (PASS, NOT_APPLICABLE):
             if counts[outcome]:
                 return outcome
         return SKIP
 
     @property
     def label(self) -> str:
-        counts = self.counts
-        return " ".join(f"{counts[o]}{letter}" for o, letter in OUTCOME_LETTERS.items() if counts[o])
+        counts, intermittent = self.counts, self.intermittent
+        letters = [f"{counts[o]}{letter}" for o, letter in OUTCOME_LETTERS.items() if counts[o]]
+        if intermittent:
+            letters.append(f"{intermittent.total()}{INTERMITTENT_LETTER}")
+        return " ".join(letters)
 
     @property
     def words(self) -> str:
-        """The counts spelled out, for renderings that have room: `1 fail · 7 pass`."""
+        """The counts spelled out, for renderings that have room: `1 fail · 7 pass · 2 intermittent (1
+        passed, 1 failed)`."""
         counts = self.counts
-        return " · ".join(f"{counts[o]} {word}" for o, word in OUTCOME_WORDS.items() if counts[o])
+        words = [f"{counts[o]} {word}" for o, word in OUTCOME_WORDS.items() if counts[o]]
+        if self.intermittent:
+            words.append(f"{self.intermittent.total()} intermittent ({intermittent_did(self.intermittent)})")
+        return " · ".join(words)
 
     @property
     def notable(self) -> list[Result]:
-        """The results a reader wants to open: everything but passes and not-applicable."""
-        return [r for r in self.results if r.outcome not in (PASS, NOT_APPLICABLE)]
+        """The results a reader wants to open: everything but passes and not-applicable (an intermittent
+        test's pass included: it is what a timing-dependent verdict did this time)."""
+        return [r for r in self.results if r.intermittent or r.outcome not in (PASS, NOT_APPLICABLE)]
 
 
 @dataclass
@@ -122,13 +147,27 @@ class Finding:
         return f"{', '.join(self.rules)} on {r.backend}{scenario}{seed}"
 
 
-def findings(results: Iterable[Result], outcomes: tuple[str, ...]) -> list[Finding]:
-    """The results with these outcomes, one per test and backend, in canonical order."""
+def findings(
+    results: Iterable[Result], outcomes: tuple[str, ...], intermittent: bool = False
+) -> list[Finding]:
+    """The results with these outcomes, one per test and backend, in canonical order: of the tests listed
+    as intermittent with ``intermittent``, else of the others."""
     grouped: dict[tuple[str, str], Finding] = {}
     for r in sort_results(results):
-        if r.outcome in outcomes:
+        if r.outcome in outcomes and r.intermittent == intermittent:
             grouped.setdefault((r.nodeid, r.backend), Finding([], r)).rules.append(r.rule)
     return list(grouped.values())
+
+
+def intermittent_findings(results: Iterable[Result]) -> list[Finding]:
+    """The tests listed as intermittent, each with what it did this time (its result's outcome)."""
+    return findings(results, (PASS, XFAIL), intermittent=True)
+
+
+def intermittent_count(found: list[Finding]) -> str:
+    """``3 intermittent tests (1 passed, 2 failed this time)``."""
+    did = intermittent_did(Counter(f.result.outcome for f in found))
+    return f"{len(found)} intermittent test{'s' if len(found) != 1 else ''} ({did} this time)"
 
 
 @dataclass(frozen=True)

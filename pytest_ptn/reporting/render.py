@@ -10,7 +10,16 @@ from pathlib import Path
 from pytest_ptn.reporting import cause_views
 from pytest_ptn.reporting.cause_views import fenced
 from pytest_ptn.reporting.causes import cause_of, find_causes
-from pytest_ptn.reporting.matrix import Cell, CellChange, Finding, Matrix, build_matrix, findings
+from pytest_ptn.reporting.matrix import (
+    Cell,
+    CellChange,
+    Finding,
+    Matrix,
+    build_matrix,
+    findings,
+    intermittent_count,
+    intermittent_findings,
+)
 from pytest_ptn.reporting.reasons import headline
 from pytest_ptn.reporting.results import (
     FAIL,
@@ -28,7 +37,11 @@ from pytest_ptn.reporting.results import (
 )
 from pytest_ptn.ruleset import LEVELS, NOT_APPLICABLE_PREFIX, SHOULD
 
-LEGEND = "legend: F fail  X xpass (a fail)  x xfail (known bug)  p pass  - n/a  s skip  . not run"
+LEGEND = (
+    "legend: F fail  X xpass (a fail)  x xfail (known bug)  p pass  - n/a  s skip  . not run  "
+    "i intermittent (listed as passing or failing by timing)"
+)
+INTERMITTENT_MEANING = "listed as passing or failing by timing: either is expected, never stale"
 SHOULD_COUNTING = (
     "a SHOULD test that fails is F here and xfailed to pytest: it is a failure of that rule, not of the run"
 )
@@ -98,6 +111,10 @@ def render_text(doc: Results, paint: Paint = _no_paint, pytest_showed: bool = Fa
                 cells.append(text + " " * (widths[b] - len(cell.label if cell else ".")))
             lines.append(f"  {names[row.rule].ljust(name_width)}  " + "  ".join(cells).rstrip())
     lines += [LEGEND, SHOULD_COUNTING]
+    intermittent = intermittent_findings(doc.results)
+    if intermittent:
+        lines += ["", f"{intermittent_count(intermittent)}, {INTERMITTENT_MEANING}:"]
+        lines += [f"  i {f.title}: {_did(f)}" for f in intermittent]
     failed = findings(doc.results, (FAIL, XPASS))
     if failed:
         lines += ["", f"{failure_count(failed)}:"]
@@ -108,6 +125,10 @@ def render_text(doc: Results, paint: Paint = _no_paint, pytest_showed: bool = Fa
                 lines += [f"      {line}".rstrip() for line in finding.result.reason.splitlines()]
             lines.append(f"    reproduce: {finding.result.repro}")
     return lines
+
+
+def _did(finding: Finding) -> str:
+    return "passed this time" if finding.result.outcome == PASS else "failed this time"
 
 
 def render_changes_text(changes: Sequence[CellChange]) -> list[str]:
@@ -230,7 +251,7 @@ def render_markdown(doc: Results, changes: Sequence[CellChange] | None = None) -
         lines.append("")
     lines += [
         "✅ pass · ❌ fail or unexpected pass (xpass) · ⚠️ expected failure: a known bug · "
-        "➖ not applicable · ⏭️ skipped",
+        "➖ not applicable · ⏭️ skipped · intermittent: listed as passing or failing by timing",
         "",
         f"{SHOULD_COUNTING}.",
         "",
@@ -238,6 +259,11 @@ def render_markdown(doc: Results, changes: Sequence[CellChange] | None = None) -
     failures = findings(doc.results, (FAIL, XPASS))
     if failures:
         lines += ["### Failures", ""] + _md_results_table(failures) + [""]
+    intermittent = intermittent_findings(doc.results)
+    if intermittent:
+        head = f"Intermittent: {intermittent_count(intermittent)}, {INTERMITTENT_MEANING}"
+        lines += [f"<details><summary>{_md(head)}</summary>", ""]
+        lines += _md_results_table(intermittent) + ["", "</details>", ""]
     xfails = findings(doc.results, (XFAIL,))
     if xfails:
         lines += [f"<details><summary>Expected failures (known bugs): {len(xfails)}</summary>", ""]
@@ -399,6 +425,7 @@ def render_html(doc: Results, changes: Sequence[CellChange] | None = None) -> st
         '<span><span class="xfail">XFAIL</span>expected failure: a known bug</span>'
         '<span><span class="pass">pass</span></span>'
         '<span><span class="na">n/a</span>not applicable or skipped</span>'
+        "<span>intermittent: listed as passing or failing by timing</span>"
         "<span>&#9656; click a cell for its scenarios, reasons and reproducers</span>"
         f"<span>{_h(SHOULD_COUNTING)}</span></div>"
     )
@@ -434,6 +461,11 @@ def render_html(doc: Results, changes: Sequence[CellChange] | None = None) -> st
     failures = findings(doc.results, (FAIL, XPASS))
     if failures:
         out += ["<h2>Failures</h2>", _html_results_table(failures)]
+    intermittent = intermittent_findings(doc.results)
+    if intermittent:
+        head = f"Intermittent: {intermittent_count(intermittent)}"
+        out += [f"<h2>{_h(head)}</h2>", f"<p>{_h(INTERMITTENT_MEANING)}.</p>"]
+        out.append(_html_results_table(intermittent))
     xfails = findings(doc.results, (XFAIL,))
     if xfails:
         out += ["<h2>Expected failures (known bugs)</h2>", _html_results_table(xfails)]
@@ -445,7 +477,15 @@ def write_reports(doc: Results, outdir: Path, changes: Sequence[CellChange] | No
     """Write results.json, summary.md and index.html into `outdir`; return their paths."""
     outdir.mkdir(parents=True, exist_ok=True)
     json_path, md_path, html_path = (outdir / name for name in REPORT_FILES)
-    save(doc, json_path, {"causes": [cause.to_dict() for cause in find_causes(doc.results)]})
+    derived: dict[str, object] = {"causes": [cause.to_dict() for cause in find_causes(doc.results)]}
+    intermittent = intermittent_findings(doc.results)
+    if intermittent:
+        derived["intermittent"] = {
+            "tests": len(intermittent),
+            "passed": sum(f.result.outcome == PASS for f in intermittent),
+            "failed": sum(f.result.outcome == XFAIL for f in intermittent),
+        }
+    save(doc, json_path, derived)
     md_path.write_text(render_markdown(doc, changes), encoding="utf-8")
     html_path.write_text(render_html(doc, changes), encoding="utf-8")
     return [json_path, md_path, html_path]

@@ -26,6 +26,9 @@ XPASS = "xpass"
 NOT_APPLICABLE = "not_applicable"
 SKIP = "skip"
 OUTCOMES = (PASS, XFAIL, FAIL, XPASS, NOT_APPLICABLE, SKIP)
+INTERMITTENT_OUTCOMES = (PASS, XFAIL)
+"""What a test its expectation lists as intermittent did this time (Result.intermittent): passed, or failed
+as expected."""
 
 # Count letters for the terminal; pytest's own letters where it has one, so the table reads like `-rA`.
 # Ordered so the worrying counts come first in a cell.
@@ -70,6 +73,9 @@ class Result:
     nodeid: str
     schedule: str | None = None
     """The load schedule the test ran under (pytest_ptn.schedule), for the E tests; None elsewhere."""
+    intermittent: bool = False
+    """An expectation lists the test as intermittent (pytest_ptn.expectations): it may pass or fail, and
+    ``outcome`` (pass or xfail) is what it did this time; reports show it apart."""
 
 
 @dataclass(frozen=True)
@@ -195,8 +201,9 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "seed": (int, type(None)),
     "nodeid": (str,),
     "schedule": (str, type(None)),
+    "intermittent": (bool,),
 }
-OPTIONAL_FIELDS = {"schedule": None}
+OPTIONAL_FIELDS = {"schedule": None, "intermittent": False}
 """Fields a row written before they existed may lack, with the value that means."""
 
 
@@ -212,13 +219,17 @@ def _result(index: int, row: Any) -> Result:
         raise ResultsFormatError(f"{where}: missing or unknown fields: {fields}")
     for name, types in _FIELD_TYPES.items():
         value = row[name]
-        if not isinstance(value, types) or isinstance(value, bool):
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
             kind = " or ".join("null" if t is type(None) else t.__name__ for t in types)
             raise ResultsFormatError(f"{where}: {name} must be {kind}, not {reprlib.repr(value)}")
     if row["level"] not in LEVELS:
         raise ResultsFormatError(f"{where}: level must be one of {', '.join(LEVELS)}, not {row['level']!r}")
     if row["outcome"] not in OUTCOMES:
         raise ResultsFormatError(f"{where}: unknown outcome {reprlib.repr(row['outcome'])}")
+    if row["intermittent"] and row["outcome"] not in INTERMITTENT_OUTCOMES:
+        raise ResultsFormatError(
+            f"{where}: an intermittent test passes or fails as expected, not {row['outcome']!r}"
+        )
     return Result(**row)
 
 

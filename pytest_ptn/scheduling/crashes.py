@@ -7,6 +7,7 @@ Workers share a run folder with the controller: before each backend step a worke
 do ("last words") there, faulthandler dumps the dying worker's stack there, and the controller reads both
 when the worker is gone. It also records the (backend, scenario, step) that crashed, so a later test of that
 case that reaches the same step fails at once, naming the first crash, instead of killing one worker per test.
+A step that hangs ends its worker the same way (pytest_ptn.scheduling.hangs), and is reported as hung.
 
 Nothing here imports torch: the controller never does.
 """
@@ -21,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from pytest_ptn.scheduling import hangs
+
 FATAL_ERRORS = {
     "Segmentation fault": signal.SIGSEGV,
     "Aborted": signal.SIGABRT,
@@ -33,13 +36,15 @@ FATAL_ERRORS = {
 
 FAULT_LINES = 25
 """Lines of a dying worker's faulthandler dump a crash report keeps: the innermost frames come first."""
+HANG_LINES = 80
+"""Lines of a hung worker's dump a report keeps: every thread's stack, the innermost frames of each first."""
 
 CRASHED_STEPS = "crashed-steps.json"
 PROPERTIES = "properties.json"
 
 
 class CrashedEarlier(Exception):
-    """A step of this case killed a worker earlier in the run; the message names that crash."""
+    """A step of this case killed a worker earlier in the run (a crash or a hang); the message names it."""
 
 
 @dataclass
@@ -55,11 +60,13 @@ class Step:
 
 
 class WorkerLog:
-    """A worker's side of the run folder: its last words, written before each step."""
+    """A worker's side of the run folder: its last words, written before each step, each of which restarts
+    the watchdog's clock (none: no time limit)."""
 
-    def __init__(self, folder: Path, worker_id: str):
+    def __init__(self, folder: Path, worker_id: str, watchdog: hangs.Watchdog | None = None):
         self.folder = folder
         self.last_words = folder / f"{worker_id}.last"
+        self.watchdog = watchdog
 
     def say(self, **words: Any) -> None:
         self.last_words.write_text(json.dumps(words))
@@ -69,8 +76,16 @@ class WorkerLog:
         scenario: an ad-hoc program's name does not tell two programs apart)."""
         earlier = read_crashed_steps(self.folder).get(_step_key(step)) if known else None
         if earlier is not None:
-            raise CrashedEarlier(f"{step.describe()} crashed earlier in this run, not retried: {earlier}")
+            verdict, detail = earlier["verdict"], earlier["detail"]
+            raise CrashedEarlier(f"{step.describe()} {verdict} earlier in this run, not retried: {detail}")
         self.say(step=step.__dict__, attached=self.attached)
+        if self.watchdog is not None:
+            self.watchdog.progress()
+
+    def idle(self) -> None:
+        """The test is over: no step runs until the next one."""
+        if self.watchdog is not None:
+            self.watchdog.idle()
 
     attached = ""
     """Text a crash report shows after the step (the fuzz test's current program)."""
@@ -80,16 +95,19 @@ _worker: WorkerLog | None = None
 _fault: IO[str] | None = None
 
 
-def start_worker(folder: Path, worker_id: str) -> None:
-    """This process is a worker: last words and faulthandler's dump go to the run folder."""
+def start_worker(folder: Path, worker_id: str, limit: float = 0.0) -> None:
+    """This process is a worker: last words and faulthandler's dump go to the run folder, and a step that
+    makes no progress for ``limit`` seconds (0: no limit) ends it."""
     global _worker, _fault
-    _worker = WorkerLog(folder, worker_id)
     _fault = (folder / f"{worker_id}.fault").open("w")
     faulthandler.enable(file=_fault, all_threads=False)
+    _worker = WorkerLog(folder, worker_id, hangs.Watchdog(limit, _fault))
 
 
 def stop_worker() -> None:
     global _worker, _fault
+    if _worker is not None:
+        _worker.idle()
     if _fault is not None:
         faulthandler.disable()
         _fault.close()
@@ -99,8 +117,15 @@ def stop_worker() -> None:
 def note_test(nodeid: str) -> None:
     """A new test starts: last words name it until a backend step says more."""
     if _worker is not None:
+        _worker.idle()
         _worker.attached = ""
         _worker.say(test=nodeid)
+
+
+def note_test_done() -> None:
+    """The test is over, its teardown too: the worker may now wait for work as long as it takes."""
+    if _worker is not None:
+        _worker.idle()
 
 
 def attach(text: str) -> None:
@@ -119,7 +144,9 @@ def _step_key(step: Step) -> str:
     return f"{step.backend}::{step.scenario}::{step.step}"
 
 
-def read_crashed_steps(folder: Path) -> dict[str, str]:
+def read_crashed_steps(folder: Path) -> dict[str, dict[str, str]]:
+    """(backend, scenario, step) key -> the first failure it caused: its ``verdict`` (crashed, hung) and
+    ``detail`` (how, in which test)."""
     try:
         data = json.loads((folder / CRASHED_STEPS).read_text())
     except (OSError, ValueError):
@@ -184,11 +211,14 @@ def crash_report(
     nodeid: str,
     repro: str | None,
     versions: dict[str, str],
+    limit: float = 0.0,
 ) -> str:
-    """The failure text of a test whose worker died, with the versions its backend reported (a crash is
-    often one release's); records the crashed step for later tests of its case."""
+    """The failure text of a test whose worker died or hung (no progress for ``limit`` seconds: the
+    watchdog's dump is in its fault file), with the versions its backend reported (a crash is often one
+    release's); records the step for later tests of its case."""
     fault = _read(folder / f"{worker_id}.fault")
-    how = how_it_died(returncode, fault)
+    hung = hangs.is_timeout_dump(fault)
+    how = hangs.no_progress(limit) if hung else how_it_died(returncode, fault)
     try:
         said = json.loads(_read(folder / f"{worker_id}.last") or "{}")
     except ValueError:
@@ -199,19 +229,25 @@ def crash_report(
         current = Step(**step)
         where = f" while {current.describe()}"
         crashed = read_crashed_steps(folder)
-        crashed.setdefault(_step_key(current), f"the worker was {how} in {nodeid}")
+        first = {"verdict": "hung", "detail": f"{how} in {nodeid}"}
+        if not hung:
+            first = {"verdict": "crashed", "detail": f"the worker was {how} in {nodeid}"}
+        crashed.setdefault(_step_key(current), first)
         (folder / CRASHED_STEPS).write_text(json.dumps(crashed))
-    lines = [f"crashed: the worker process was {how}{where}"]
+    lines = [f"hung: {how}{where}" if hung else f"crashed: the worker process was {how}{where}"]
     if versions:
         lines.append(f"with {', '.join(f'{d} {v}' for d, v in versions.items())}")
     attached = said.get("attached") if isinstance(said, dict) else None
     if attached:
         lines.append(str(attached))
-    if repro:
+    if repro and hung:
+        lines.append(f"reproduce (in an xdist worker, with this limit): {repro} {hangs.OPTION}={limit:g}")
+    elif repro:
         lines.append(f"reproduce (in-process, the crash ends that run): {repro} -n 0")
-    dump = [line for line in fault.strip().splitlines() if line.strip()][:FAULT_LINES]
+    dump = [line for line in fault.strip().splitlines() if line.strip()]
+    dump = dump[: HANG_LINES if hung else FAULT_LINES]
     if dump:
-        lines.append("faulthandler (most recent call first):")
+        lines.append(f"faulthandler{', every thread' if hung else ''} (most recent call first):")
         lines += [f"  {line}" for line in dump]
     return "\n".join(lines)
 

@@ -13,8 +13,11 @@ from typing import Any
 import pytest
 
 from pytest_ptn.ruleset import WAITS_FOR_CLOCK
-from pytest_ptn.scheduling import crashes
+from pytest_ptn.scheduling import crashes, hangs
 from pytest_ptn.session import RunState
+
+UNAVAILABLE = "unavailable.txt"
+"""In the run folder: why a requested backend cannot run, as a worker found when it loaded its runtime."""
 
 CRASH_RESTARTS = 1000
 """Worker restarts a run allows when ``--max-worker-restart`` is not given: a crashed step is not retried, so
@@ -54,7 +57,14 @@ class Xdist:
         node.workerinput["ptn_sys_path"] = list(sys.path)
 
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        """A worker has collected; one that found a requested backend cannot run here ends the run as the
+        usage error it is, before any test is scheduled."""
         self.collected.add(node.gateway.id)
+        try:
+            unavailable = (self.run_folder / UNAVAILABLE).read_text()
+        except OSError:
+            return
+        pytest.exit(unavailable, returncode=pytest.ExitCode.USAGE_ERROR)
 
     def pytest_testnodedown(self, node: Any, error: object | None) -> None:
         """A worker that dies before it has collected would die again in its replacement: end the run."""
@@ -132,10 +142,11 @@ class Xdist:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport, sched: Any) -> None:
-        """The test a dead worker was running fails with the signal, the step, the backend's versions and
-        its properties (so it is in the matrix and the reports), never as a bare "worker crashed". A crash
-        an expectation lists is that expected failure, as the worker's strict xfail would have made it (one
-        that passes instead fails there as stale)."""
+        """The test a dead worker was running fails with the signal (or, for a worker the watchdog ended,
+        the hang), the step, the backend's versions and its properties (so it is in the matrix and the
+        reports), never as a bare "worker crashed". A crash or hang an expectation lists is that expected
+        failure, as the worker's strict xfail would have made it (one that passes instead fails there as
+        stale)."""
         properties = crashes.read_properties(self.run_folder, crashitem)
         found = dict(properties)
         spec = found.get("ptn_backend", "")
@@ -151,14 +162,16 @@ class Xdist:
             crashitem,
             found.get("ptn_repro"),
             availability.versions if availability is not None else {},
+            hangs.limit(self.config),
         )
         report.longrepr = text
         rules = [value for key, value in properties if key == "ptn_rule"]
         scenario, schedule = found.get("ptn_scenario"), found.get("ptn_schedule")
         expected = self.state.expected(spec, rules, scenario, schedule) if availability is not None else []
         if expected and not self.config.option.runxfail:
+            listed = next((e for e in expected if e.intermittent), expected[0])  # as plugin.mark_expected
             report.outcome = "skipped"
-            report.wasxfail = f"{expected[0].describe()}\n{text}"
+            report.wasxfail = f"{listed.describe()}\n{text}"
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         if not hasattr(config, "workerinput") and "run_folder" in self.__dict__:  # the controller made it
@@ -166,15 +179,16 @@ class Xdist:
 
 
 class CrashIsolatedWorker:
-    """A worker's side of crash isolation: faulthandler and last words into the run folder, and each test's
-    properties for the controller."""
+    """A worker's side of crash isolation: faulthandler and last words into the run folder, the time limit
+    of each step, and each test's properties for the controller."""
 
     def __init__(self, config: pytest.Config):
         self.folder = Path(config.workerinput["ptn_run_folder"])  # type: ignore[attr-defined]
         self.worker_id = str(config.workerinput["workerid"])  # type: ignore[attr-defined]
+        self.limit = hangs.limit(config)
 
     def pytest_sessionstart(self) -> None:
-        crashes.start_worker(self.folder, self.worker_id)
+        crashes.start_worker(self.folder, self.worker_id, self.limit)
 
     @pytest.hookimpl(tryfirst=True)  # before xdist tells the controller, which schedules from them
     def pytest_collection_finish(self, session: pytest.Session) -> None:
@@ -189,8 +203,21 @@ class CrashIsolatedWorker:
     def pytest_runtest_logstart(self, nodeid: str) -> None:
         crashes.note_test(nodeid)
 
+    def pytest_runtest_logfinish(self, nodeid: str) -> None:
+        crashes.note_test_done()
+
     def pytest_unconfigure(self) -> None:
         crashes.stop_worker()
+
+
+def is_controller(config: pytest.Config) -> bool:
+    """Whether this process hands the run's tests to xdist workers (and runs none itself)."""
+    return not hasattr(config, "workerinput") and bool(config.getoption("numprocesses", None))
+
+
+def note_unavailable(config: pytest.Config, message: str) -> None:
+    """In a worker: a requested backend cannot run here, for the controller to end the run with."""
+    (Path(config.workerinput["ptn_run_folder"]) / UNAVAILABLE).write_text(message)  # type: ignore[attr-defined]
 
 
 def one_worker_by_default(config: pytest.Config) -> None:
