@@ -302,3 +302,18 @@ def test_kernels_that_compute_differently_are_accuracy_never_isolation() -> None
     assert findings and {f.rule for f in findings} == {"A1"}, [str(f) for f in findings]
     assert all(f.difference is not None and f.difference.snr_db < 30 for f in findings)
     assert "SNR" in str(findings[0])
+
+
+class NoRuntime(ReferenceBackend):
+    """A backend whose runtime extension was built against another torch."""
+
+    name = "no-runtime"
+
+    @classmethod
+    def load_runtime(cls) -> None:
+        raise ImportError("_C.so: undefined symbol: _ZN3c104impl3cow11cow_deleterEPv")
+
+
+def test_a_backend_whose_runtime_cannot_load_is_a_backend_error() -> None:
+    with pytest.raises(BackendError, match="its runtime cannot be loaded: ImportError: _C.so: undefined"):
+        check_program(PrefillDecode(), METHODS, backend=NoRuntime())

@@ -37,6 +37,7 @@ from pytest_ptn.backend import (
     availability_of,
     one_line,
     resolve_backend,
+    runtime_availability,
 )
 from pytest_ptn.check.findings import Difference, Finding, Stage
 from pytest_ptn.programs.source import ProgramFormError, Source, UserProgram
@@ -59,7 +60,7 @@ def usable_backend(backend: str | Backend) -> Backend:
         spec, cls = backend, resolve_backend(backend)
     else:
         spec, cls = backend.name, type(backend)
-    availability = availability_of(spec, cls)
+    availability = runtime_availability(cls, availability_of(spec, cls))
     if not availability.available:
         raise BackendError(f"backend {spec!r} cannot run here: {availability.reason}")
     return cls() if isinstance(backend, str) else backend
