@@ -263,10 +263,10 @@ class Case:
             return mismatches
         alone, unavailable = self._alone(calls)
         for d in deviations:
+            detail, explained = self._detail(d, calls)
             truth = d.of(alone[d.call]) if alone is not None else None
-            if truth is not None and self._same(d, truth):
+            if not explained and truth is not None and self._same(d, truth):
                 continue  # the method alone computes it so: accuracy, not isolation
-            detail = self._detail(d, calls)
             if truth is not None and not self._same_as_eager(d, truth):
                 detail += f"; alone, the method gives {_fmt(truth)}"
             if unavailable is not None:
@@ -304,8 +304,8 @@ class Case:
         mismatches = []
         for d in deviations:
             truth = d.of(alone[d.call])
-            if truth is None or self._same_as_eager(d, truth):
-                continue  # alone, the method agrees with eager: the program's difference is isolation's
+            if truth is None or self._same_as_eager(d, truth) or self._detail(d, calls)[1]:
+                continue  # the program's difference is isolation's: alone it agrees, or it read another's
             if truth.shape != d.want.shape:
                 detail = f"{d.what} has shape {tuple(truth.shape)}, eager {tuple(d.want.shape)}"
             else:
@@ -374,13 +374,16 @@ class Case:
                     deviations.append(deviation)
         return deviations, mismatches
 
-    def _detail(self, d: Deviation, calls: list[EagerCall]) -> str:
+    def _detail(self, d: Deviation, calls: list[EagerCall]) -> tuple[str, bool]:
         """What differs, in the words of the value: an output value by value where each reads one name (and
-        whose tensor it equals), an input or buffer as its first values."""
+        whose tensor it equals), an input or buffer as its first values; and whether the value is what
+        another method's same-named tensor gives. Such a value is an isolation defect whatever the method
+        alone gives: a cache that outlives a program (the CUDA delegate's is process-wide, by name) hands
+        the method alone the same wrong tensor."""
         if d.kind == "input":
-            return f"input {d.where} after the call is {_fmt(d.have)}, eager {_fmt(d.want)}"
+            return f"input {d.where} after the call is {_fmt(d.have)}, eager {_fmt(d.want)}", False
         if d.kind == "buffer":
-            return f"buffer {d.where!r} is {_fmt(d.have)}, eager {_fmt(d.want)}"
+            return f"buffer {d.where!r} is {_fmt(d.have)}, eager {_fmt(d.want)}", False
         from pytest_ptn.comparison import close
 
         call = calls[d.call]
@@ -391,11 +394,12 @@ class Case:
             else None
         )
         owners = self._owners(call.method, call.inputs)
-        detail = _describe(self.read_names(call.method), d.want, d.have, ok, owners, computed_in)
+        detail, read = _describe(self.read_names(call.method), d.want, d.have, ok, owners, computed_in)
         reduced = self.backend.float32_computed_in()
         if computed_in is not None and reduced is not None:
             detail += f"; {reduced.why}"
-        return detail + self._read_elsewhere(d.call, d.have, calls)
+        elsewhere = self._read_elsewhere(d.call, d.have, calls)
+        return detail + elsewhere, read or bool(elsewhere)
 
     def _read_elsewhere(self, call: int, have: torch.Tensor, calls: list[EagerCall]) -> str:
         """For a quantized program: whose same-named quantized constant (``_frozen_param0``) the output is
@@ -454,15 +458,16 @@ def _describe(
     ok: torch.Tensor | None,
     owners: dict[str, list[tuple[str, float]]],
     computed_in: torch.dtype | None,
-) -> str:
-    """What differs, value by value where each value reads one name; ``ok`` the elementwise comparison (None
-    when the shapes differ). ``computed_in``: the dtype the backend computed this float32 output in, whose
-    rounding a value read from another method's tensor may show."""
+) -> tuple[str, bool]:
+    """What differs, value by value where each value reads one name, and whether a value is what another
+    method's same-named tensor gives; ``ok`` the elementwise comparison (None when the shapes differ).
+    ``computed_in``: the dtype the backend computed this float32 output in, whose rounding a value read from
+    another method's tensor may show."""
     if ok is None:
-        return f"output shape {tuple(have.shape)}, eager {tuple(want.shape)}"
+        return f"output shape {tuple(have.shape)}, eager {tuple(want.shape)}", False
     from pytest_ptn.comparison import allowed
 
-    parts = []
+    parts, read = [], False
     bound = allowed(want, computed_in=computed_in).reshape(-1)
     for k, name in enumerate(names[: want.numel()]):
         if not bool(ok.reshape(-1)[k]):
@@ -470,8 +475,9 @@ def _describe(
             slack = float(bound[k])  # the rounding a correct computation of the same value may show
             whose = [m for m, v in owners.get(name, []) if abs(v - h) <= max(slack, 1e-4 * max(1.0, abs(v)))]
             seen = f": it read method {whose[0]!r}'s {name!r}" if whose else ""
+            read = read or bool(whose)
             parts.append(f"value {k} (reads {name!r}) is {h:.6g}, eager {w:.6g}{seen}")
-    return "; ".join(parts) or f"output {_fmt(have)}, eager {_fmt(want)}"
+    return "; ".join(parts) or f"output {_fmt(have)}, eager {_fmt(want)}", read
 
 
 def _fmt(t: torch.Tensor) -> str:

@@ -134,8 +134,10 @@ def _check(backend: Backend, program: UserProgram, sequence: list, workdir: Path
     findings, returned, differing = judge.run(loaded, state_rules)
     if any(f.stage == Stage.LOAD for f in findings):
         return findings
-    findings, accuracy = judge.apart(findings, differing)
-    findings = explain(findings, returned, program, sequence) + accuracy
+    findings = explain(findings, returned, program, sequence)
+    explained = {f.call for f in findings if f.explanation is not None}
+    findings, accuracy = judge.apart(findings, differing, explained)
+    findings += accuracy
     failed = {f.call for f in findings if f.rule != ACCURACY}
     second = _load_reversed(backend, lowered, program)
     findings += _second_copy(judge, second, state_rules, failed)
@@ -191,9 +193,12 @@ class Judge:
         return run_calls(loaded, eager, self.sequence, state_rules, wide, schedule, self.computed_in)
 
     def apart(
-        self, findings: list[Finding], differing: list[Compared]
+        self, findings: list[Finding], differing: list[Compared], explained: set[int | None] | None = None
     ) -> tuple[list[Finding], list[Finding]]:
-        """(the isolation findings, the accuracy findings) of one copy's run."""
+        """(the isolation findings, the accuracy findings) of one copy's run. A call whose wrong output one
+        faulty binding explains (``explained``: another method's tensor, a private copy of state) is an
+        isolation finding whatever the method alone gives: a cache that outlives a program (the CUDA
+        delegate's is process-wide, by name) hands the method alone the same wrong tensor."""
         import torch
 
         from pytest_ptn.comparison import equal
@@ -214,6 +219,8 @@ class Judge:
         accuracy = []
         for c in differing:
             call = c.finding.call
+            if call in (explained or set()):
+                continue
             truth = c.of(alone[call]) if call is not None and call < len(alone) else None
             if not isinstance(truth, torch.Tensor):
                 continue

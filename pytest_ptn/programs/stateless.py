@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,10 +49,11 @@ class Stateless:
         return flat[:state], flat[state:after], flat[after:]
 
 
-def stateless(ep: ExportedProgram, state: Collection[str]) -> Stateless:
+def stateless(ep: ExportedProgram, state: Mapping[str, torch.Tensor]) -> Stateless:
     """``ep``, a functional program (pytest_ptn.programs.exported.functionalize), with each buffer whose key
-    is in ``state`` an input and each of its mutations an output, its constants under keys of their own
-    (``own_keys``). ``ep`` itself is left as it is."""
+    is in ``state`` (key -> its initial value) an input and each of its mutations an output, its constants
+    under keys of their own (``own_keys``). ``ep`` itself is left as it is. Its example inputs, where ``ep``
+    has them (a lowering may trace or calibrate with them), are the initial state before ``ep``'s own."""
     sig = ep.graph_signature
     keys = own_keys(ep, state)
     root, graph = private_copy(ep.graph_module, {})
@@ -80,6 +81,9 @@ def stateless(ep: ExportedProgram, state: Collection[str]) -> Stateless:
         dataclasses.replace(s, kind=OutputKind.USER_OUTPUT, target=None) if s.kind in rank else s
         for s in specs
     ]
+    state_in = tuple(
+        str(s.target) for s in sig.input_specs if s.kind == InputKind.BUFFER and s.target in state
+    )
     call = ModuleCallSignature(
         inputs=[],
         outputs=[],
@@ -94,6 +98,7 @@ def stateless(ep: ExportedProgram, state: Collection[str]) -> Stateless:
         range_constraints=copy.deepcopy(ep.range_constraints),
         module_call_graph=[ModuleCallEntry("", call), *call_graph_copy(ep.module_call_graph[1:])],
         constants={keys.get(k, k): v for k, v in ep.constants.items()},
+        example_inputs=_example_inputs(ep, [state[key] for key in state_in]),
         verifiers=list(ep.verifiers),
     )
     return Stateless(
@@ -106,6 +111,15 @@ def stateless(ep: ExportedProgram, state: Collection[str]) -> Stateless:
             user_index[str(s.target)] for s in specs if s.kind == OutputKind.USER_INPUT_MUTATION
         ),
     )
+
+
+def _example_inputs(
+    ep: ExportedProgram, state: list[torch.Tensor]
+) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+    """The stateless program's example inputs: the state's initial values, then ``ep``'s own, flat."""
+    if ep.example_inputs is None:
+        return None
+    return (tuple(t.clone() for t in state) + tuple(pytree.tree_leaves(ep.example_inputs)), {})
 
 
 def own_keys(ep: ExportedProgram, state: Collection[str]) -> dict[str, str]:
