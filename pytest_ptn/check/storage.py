@@ -7,7 +7,7 @@ import concurrent.futures
 
 from pytest_ptn.backend import Backend, Loaded, Lowered
 from pytest_ptn.check.findings import Finding, Stage
-from pytest_ptn.programs.exported import aliases, constants_of, immutable_by_content, mutable_keys
+from pytest_ptn.programs.exported import aliases, constants_of, immutable_by_content, mutable_keys, read_keys
 
 Pair = tuple[str, str]
 Groups = dict[tuple[str, str], list[Pair]]
@@ -15,13 +15,14 @@ Groups = dict[tuple[str, str], list[Pair]]
 
 
 def topology(loaded: Loaded, programs: dict) -> dict[Pair, int]:
-    """(method, immutable key) -> the allocation behind it; one key per tensor (a second FQN of one tensor
-    need not be allocated at all, see aliases)."""
+    """(method, immutable key the method reads) -> the allocation behind it; one key per tensor. A key the
+    method's graph never reads (a parameter of the module that another method uses, a second FQN of one
+    tensor, see aliases) need not be allocated at all, so it has no place in the topology."""
     mutable = mutable_keys(programs)
     return {
         (method, key): loaded.storage(method, key)
         for method, ep in programs.items()
-        for key in constants_of(ep)
+        for key in read_keys(ep) & set(constants_of(ep))
         if key not in mutable and key not in aliases(ep)
     }
 
@@ -50,7 +51,8 @@ def storage_findings(storages: dict[Pair, int], programs: dict) -> list[Finding]
 def split_identical_findings(storages: dict[Pair, int], groups: Groups) -> list[Finding]:
     """S1: identical constants of several methods in one allocation (``groups``: immutable_by_content)."""
     findings = []
-    for pairs in groups.values():
+    for held in groups.values():
+        pairs = [p for p in held if p in storages]  # the keys read
         allocations = {storages[p] for p in pairs}
         if len({m for m, _ in pairs}) > 1 and len(allocations) > 1:
             findings.append(

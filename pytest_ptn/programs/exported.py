@@ -42,8 +42,7 @@ def aliases(ep: ExportedProgram) -> dict[str, str]:
     reachable by several paths, or a tied weight, gives one tensor several FQNs): one tensor is one constant.
     The key standing for it is the first one the graph reads: a loader that allocates only what a method
     reads (AOTI) allocates that one, so an unread name is never the owner while a read one exists."""
-    placeholders = _read(ep)
-    read = {s.target for s in ep.graph_signature.input_specs if s.arg.name in placeholders}
+    read = read_keys(ep)
     constants = constants_of(ep)
     first: dict[tuple[Any, ...], str] = {}
     out = {}
@@ -56,9 +55,11 @@ def aliases(ep: ExportedProgram) -> dict[str, str]:
     return out
 
 
-def _read(ep: ExportedProgram) -> set[str]:
-    """The placeholders the graph reads."""
-    return {n.name for n in ep.graph.nodes if n.op == "placeholder" and n.users}
+def read_keys(ep: ExportedProgram) -> set[str]:
+    """The constant keys whose placeholders the graph reads: a loader need not allocate the others (a
+    module's parameter that this method does not use, a second FQN of one tensor)."""
+    placeholders = {n.name for n in ep.graph.nodes if n.op == "placeholder" and n.users}
+    return {str(s.target) for s in ep.graph_signature.input_specs if s.arg.name in placeholders}
 
 
 @dataclass(frozen=True)
