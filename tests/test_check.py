@@ -21,10 +21,12 @@ from broken_backends import (
 )
 from separate_modules import Cache
 
-from pytest_ptn.backend import Availability, BackendError, BackendNotFound, Capability
+from pytest_ptn.backend import Availability, BackendError, BackendNotFound, Capability, Lowered
 from pytest_ptn.backends.reference import ReferenceBackend
 from pytest_ptn.check import Finding, Stage, check_program
 from pytest_ptn.programs.source import method_view
+from pytest_ptn.reference.loader import ReferenceLoaded, ReferenceLowered
+from pytest_ptn.reference.package import read_package
 
 README = Path(__file__).parent.parent / "README.md"
 
@@ -317,3 +319,38 @@ class NoRuntime(ReferenceBackend):
 def test_a_backend_whose_runtime_cannot_load_is_a_backend_error() -> None:
     with pytest.raises(BackendError, match="its runtime cannot be loaded: ImportError: _C.so: undefined"):
         check_program(PrefillDecode(), METHODS, backend=NoRuntime())
+
+
+class Disjoint(torch.nn.Module):
+    """Two methods of one module, each reading a weight of its own: each method's export lists both."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.wp = torch.nn.Parameter(torch.arange(4.0), requires_grad=False)
+        self.wd = torch.nn.Parameter(torch.arange(4.0) + 1, requires_grad=False)
+
+    def prefill(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.wp
+
+    def decode(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.wd
+
+
+class _AllocatesWhatItReads(ReferenceLoaded):
+    """As AOTInductor: a weight the method's graph never reads is never allocated (an identity of its own)."""
+
+    def storage(self, method: str, key: str) -> int:
+        unread = {"prefill": "wd", "decode": "wp"}
+        return id(self) + hash((method, key)) if unread[method] == key else super().storage(method, key)
+
+
+class AllocatesWhatItReads(ReferenceBackend):
+    name = "allocates-what-it-reads"
+
+    def load(self, lowered: Lowered) -> ReferenceLoaded:
+        assert isinstance(lowered, ReferenceLowered)
+        return _AllocatesWhatItReads(read_package(lowered.path), lowered.graphs, self.cache)
+
+
+def test_a_weight_a_method_never_reads_need_not_be_shared() -> None:
+    assert check_program(Disjoint(), METHODS, backend=AllocatesWhatItReads()) == []
