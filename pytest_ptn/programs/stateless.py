@@ -58,9 +58,10 @@ def stateless(ep: ExportedProgram, state: Mapping[str, torch.Tensor]) -> Statele
     keys = own_keys(ep, state)
     root, graph = private_copy(ep.graph_module, {})
     placeholders = {node.name: node for node in graph.find_nodes(op="placeholder")}
-    kept, given, user = [], [], []
+    kept, given, user, state_specs = [], [], [], []
     for spec in sig.input_specs:
         if spec.kind == InputKind.BUFFER and spec.target in state:
+            state_specs.append(spec)
             given.append(dataclasses.replace(spec, kind=InputKind.USER_INPUT, target=None, persistent=None))
         elif spec.kind == InputKind.USER_INPUT:
             user.append(spec)
@@ -81,9 +82,7 @@ def stateless(ep: ExportedProgram, state: Mapping[str, torch.Tensor]) -> Statele
         dataclasses.replace(s, kind=OutputKind.USER_OUTPUT, target=None) if s.kind in rank else s
         for s in specs
     ]
-    state_in = tuple(
-        str(s.target) for s in sig.input_specs if s.kind == InputKind.BUFFER and s.target in state
-    )
+    state_in = tuple(str(spec.target) for spec in sig.input_specs if spec in state_specs)
     call = ModuleCallSignature(
         inputs=[],
         outputs=[],
@@ -103,9 +102,7 @@ def stateless(ep: ExportedProgram, state: Mapping[str, torch.Tensor]) -> Statele
     )
     return Stateless(
         program,
-        state_in=tuple(
-            str(s.target) for s in sig.input_specs if s.kind == InputKind.BUFFER and s.target in state
-        ),
+        state_in=state_in,
         state_out=tuple(str(s.target) for s in specs if s.kind == OutputKind.BUFFER_MUTATION),
         inputs_out=tuple(
             user_index[str(s.target)] for s in specs if s.kind == OutputKind.USER_INPUT_MUTATION
