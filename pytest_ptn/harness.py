@@ -477,7 +477,18 @@ def _describe(
             seen = f": it read method {whose[0]!r}'s {name!r}" if whose else ""
             read = read or bool(whose)
             parts.append(f"value {k} (reads {name!r}) is {h:.6g}, eager {w:.6g}{seen}")
-    return "; ".join(parts) or f"output {_fmt(have)}, eager {_fmt(want)}", read
+    if parts:
+        return "; ".join(parts), read
+    import torch
+
+    wrong = (~ok).nonzero().tolist()
+    if not wrong:
+        return f"output {_fmt(have)}, eager {_fmt(want)}", read
+    error = float((have.detach().to(torch.float64) - want.detach().to(torch.float64)).abs().max())
+    shown = ", ".join(
+        f"{i} is {float(have[tuple(i)]):.6g} (eager {float(want[tuple(i)]):.6g})" for i in wrong[:3]
+    )
+    return f"{len(wrong)} of {want.numel()} values differ, max abs error {error:.3g}: {shown}", read
 
 
 def _fmt(t: torch.Tensor) -> str:
