@@ -289,7 +289,7 @@ def _copy_memo(source: Source) -> dict[int, Any]:
             entry = entry.graph_module
         module = _module_of(entry)
         if module is not None:
-            found += [v for m in module.modules() for v in [*vars(m).values(), *m._buffers.values()]]
+            found += [v for m in module.modules() for v in [*vars(m).values(), *m.buffers(recurse=False)]]
         found.append(entry)
     for t in found:
         if isinstance(t, torch.Tensor) and t.grad_fn is not None:
