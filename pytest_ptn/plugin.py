@@ -223,7 +223,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 def program_hazards(state: RunState) -> list[str]:
     """Each of the host's own programs with what it holds that the rules are about, and the rules it
-    leaves with nothing to check (pytest_ptn.check.hazards): a green run on it says what it covered. A
+    leaves with no case to check (pytest_ptn.check.hazards): a green run on it says what it covered. A
     program that cannot be made a scenario is told here in a line and fails collection with the reason."""
     if not state.user_programs:
         return []

@@ -1,5 +1,5 @@
 """What a program holds that the rules are about (pytest_ptn.check.hazards), and the rules a program without
-a family of hazards leaves with nothing to check: check_program's result says it, and so does
+a family of hazards leaves with no case of it to check: check_program's result says it, and so does
 program_hazards without lowering."""
 
 from __future__ import annotations
@@ -50,9 +50,9 @@ def test_a_program_without_collisions_names_the_rules_that_checked_nothing() -> 
     assert findings == []
     assert findings.hazards.lines() == [
         "methods loaded lazily, at their first call: regress after classify ran",
-        "no constant name appears in two methods: P1, S2, S3 checked nothing",
-        "no tensor is held in two places, and no two places hold equal bytes: S1, P4 checked nothing",
-        "no buffer is bound by two methods: E3, P2 checked nothing",
+        "no constant name appears in two methods: P1, S2, S3 had no collision to check",
+        "no tensor is held in two places, by identity or equal bytes: S1, P4 had no duplicate to check",
+        "no buffer is bound by two methods: E3, P2 had no shared state to check",
     ]
     assert findings.hazards.unchecked_rules == ("P1", "P2", "P4", "E3", "S1", "S2", "S3")
 
@@ -88,5 +88,6 @@ def test_a_name_holding_equal_bytes_in_two_methods_is_no_collision() -> None:
     assert hazards.collisions == {} and hazards.shared_names == ("lifted_tensor_0",)
     assert hazards.equal == ((("prefill", "lifted_tensor_0"), ("decode", "lifted_tensor_0")),)
     assert (
-        "no constant name holds different bytes in two methods: P1, S2, S3 checked nothing" in hazards.lines()
+        "no constant name holds different bytes in two methods: P1, S2, S3 had no collision to check"
+        in hazards.lines()
     )

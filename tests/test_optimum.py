@@ -123,12 +123,15 @@ def test_optimum_exports_are_checked_as_optimum_returns_them(
 ) -> None:
     """Keyword-only methods, example inputs with autograd history (Whisper's decoder), constant methods,
     decodes of one token on a length declared from 0: no exception, no finding on reference, and the
-    check says that no name collides across methods, so P1, S2 and S3 had nothing to bite on. The zoo's
+    check says that no name collides across methods, so P1, S2 and S3 had no collision to check. The zoo's
     programs earn the tags the zoo lists; the multimodal token_embedding holds the decoder's own table."""
     program = built(name)
     findings = check_program(program.model, program.inputs, program.calls, backend="reference")
     assert findings == []
-    assert "no constant name appears in two methods: P1, S2, S3 checked nothing" in findings.hazards.lines()
+    assert (
+        "no constant name appears in two methods: P1, S2, S3 had no collision to check"
+        in findings.hazards.lines()
+    )
     assert "get_max_seq_len" in findings.hazards.constant_methods
     if name in zoo.BY_NAME:
         assert program.scenario()[0].tags | {zoo.ZOO_TAG} == zoo.BY_NAME[name].tags

@@ -20,7 +20,7 @@ is not held to P7. Nothing else is checked on it: eager has no one value for tha
 The findings come as a list (``Findings``) that also carries ``hazards`` (pytest_ptn.check.hazards): what the
 program holds that the rules are about (names minted in several methods with different bytes, tensors
 shared by identity, state shared across methods, methods loaded lazily at their first call, constant
-methods) and, for each family it lacks, the rules that therefore had nothing to check, so a clean result
+methods) and, for each family it lacks, the rules that therefore had no case of it to check, so a clean result
 says what it covered. ``program_hazards`` gives the same without lowering anything.
 
 Programs as optimum-executorch exports them go in as they are: methods of keyword inputs (inputs given as a
@@ -102,7 +102,7 @@ def program_hazards(
     program: Source, methods: Mapping[str, Inputs], calls: Sequence[tuple[str, Inputs]] | None = None
 ) -> Hazards:
     """What ``program`` (in any form check_program takes) holds that the rules are about, and the rules
-    it leaves with nothing to check, without lowering it: its methods are exported and read."""
+    it leaves with no case to check, without lowering it: its methods are exported and read."""
     import torch
 
     user = UserProgram(program, methods)

@@ -97,7 +97,7 @@ class Finding:
 
 class Findings(list[Finding]):
     """check_program's findings, a plain list (``[]`` when clean), with the program's ``hazards``: what it
-    holds that the rules are about, and the rules it left with nothing to check."""
+    holds that the rules are about, and the rules it left with no case to check."""
 
     def __init__(self, findings: Iterable[Finding], hazards: Hazards):
         super().__init__(findings)

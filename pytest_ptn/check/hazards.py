@@ -4,8 +4,10 @@ A program exported method by method meets the rules through four things: a const
 methods with different bytes (P1, S2, S3 bite there), one tensor held in several places by identity or
 equal bytes in several (S1, P4), a buffer bound by several methods (E3, P2), and methods a runner loads
 lazily, after others ran (E1, E3, E4 under the first-call load schedule). A program without one of them is
-checked all the same, and its verdict on those rules is true but empty: ``Hazards`` says which rules had
-nothing to check. Constant methods (values, no program) are named too: no rule applies to them.
+checked all the same, and its verdict on those rules is true but says nothing about that hazard:
+``Hazards`` names the rules that had no case of it to check ("no constant name appears in two methods: P1,
+S2, S3 had no collision to check"). Constant methods (values, no program) are named too: no rule applies
+to them.
 
 Real programs often lack the first: optimum-executorch's exports hold parameters and buffers only, each
 name in one method, so a clean check of them says nothing about P1, S2 and S3.
@@ -30,15 +32,23 @@ def _rules(*ids: str) -> tuple[str, ...]:
     return tuple(RULES[i].id for i in ids)  # KeyError at import if the rule set drops one
 
 
-COLLISION_RULES = _rules("P1", "S2", "S3")
-"""What a name holding different bytes in two methods exercises: namespacing, never sharing by name."""
-SHARING_RULES = _rules("S1", "P4")
-"""What one tensor, or equal bytes, in several places exercises: sharing and storing it once."""
-STATE_RULES = _rules("E3", "P2")
-"""What a buffer bound by several methods exercises: one state, seen by every method."""
-LATE_LOAD_RULES = _rules("E1", "E3", "E4")
-"""What a method loaded after others ran exercises: the first-call load schedule (a late load that
-re-initializes shared state, as ``pte-shared-state`` does)."""
+@dataclass(frozen=True)
+class Family:
+    """A kind of hazard: the rules that bite on it, and what one case of it is called."""
+
+    rules: tuple[str, ...]
+    case: str
+
+
+COLLISION = Family(_rules("P1", "S2", "S3"), "collision")
+"""A name holding different bytes in two methods: namespacing, never sharing by name."""
+SHARING = Family(_rules("S1", "P4"), "duplicate")
+"""One tensor, or equal bytes, in several places: sharing it, storing it once."""
+SHARED_STATE = Family(_rules("E3", "P2"), "shared state")
+"""A buffer bound by several methods: one state, seen by every method."""
+LATE_LOAD = Family(_rules("E1", "E3", "E4"), "late load")
+"""A method loaded after others ran: the first-call load schedule (a late load that re-initializes shared
+state, as ``pte-shared-state`` does)."""
 
 
 @dataclass(frozen=True)
@@ -63,31 +73,30 @@ class Hazards:
     constant_methods: tuple[str, ...]
 
     @property
-    def unchecked(self) -> dict[str, tuple[str, ...]]:
-        """Each absent family's one-line statement -> the rules that therefore had nothing to check."""
-        out: dict[str, tuple[str, ...]] = {}
+    def unchecked(self) -> dict[str, Family]:
+        """Each absent family's one-line statement -> the family, whose rules therefore had no case of it to
+        check (a rule may still check the program's structure: P1 that every key is namespaced)."""
+        out: dict[str, Family] = {}
         if not self.collisions:
             some = "holds different bytes in two methods" if self.shared_names else "appears in two methods"
-            out[f"no constant name {some}"] = COLLISION_RULES
+            out[f"no constant name {some}"] = COLLISION
         if not self.shared and not self.equal:
-            out["no tensor is held in two places, and no two places hold equal bytes"] = SHARING_RULES
+            out["no tensor is held in two places, by identity or equal bytes"] = SHARING
         if not self.shared_state:
-            out["no buffer is bound by two methods"] = STATE_RULES
+            out["no buffer is bound by two methods"] = SHARED_STATE
         if not self.late_loads:
-            out["no method is loaded after another ran, so loading at first call is loading up front"] = (
-                LATE_LOAD_RULES
-            )
+            out["no method is loaded after another ran"] = LATE_LOAD
         return out
 
     @property
     def unchecked_rules(self) -> tuple[str, ...]:
         """The rules no hazard of the program exercises, in spec order."""
-        found = {r for rules in self.unchecked.values() for r in rules}
+        found = {r for family in self.unchecked.values() for r in family.rules}
         return tuple(r for r in RULES if r in found)
 
     def lines(self) -> list[str]:
         """What the program holds, one family a line (the first few of each), then what it does not hold
-        and which rules that leaves with nothing to check."""
+        and which rules that leaves with no case to check."""
         lines = []
         if self.collisions:
             names = _listed([f"{k!r} ({', '.join(ms)})" for k, ms in self.collisions.items()])
@@ -113,8 +122,8 @@ class Hazards:
                 f"{', '.join(self.constant_methods)}"
             )
         lines += [
-            f"{said}: {', '.join(rules)} checked nothing{' under it' if rules is LATE_LOAD_RULES else ''}"
-            for said, rules in self.unchecked.items()
+            f"{said}: {', '.join(family.rules)} had no {family.case} to check"
+            for said, family in self.unchecked.items()
         ]
         return lines
 
