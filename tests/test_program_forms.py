@@ -162,3 +162,17 @@ def test_a_suite_program_does_not_call_a_constant_method(keyword_ep: torch.expor
             {"forward": keyword_ep.example_inputs},
             calls=[("get_max_seq_len", ())],
         )
+
+
+def test_copying_an_exported_program_warns_nothing_from_our_code(
+    keyword_ep: torch.export.ExportedProgram,
+) -> None:
+    """A deep copy of an ExportedProgram copies its pytree specs, which makes torch warn (FutureWarning about
+    LeafSpec) from our code; a host with ``filterwarnings = error`` would fail a valid program."""
+    import warnings
+
+    from pytest_ptn.programs.source import UserProgram
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        UserProgram({"forward": keyword_ep}, {"forward": keyword_ep.example_inputs}).export()
