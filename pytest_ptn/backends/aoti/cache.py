@@ -453,7 +453,7 @@ def _compile_into(out: Path, ep: ExportedProgram, options: dict[str, Any], devic
             paths = torch._inductor.aot_compile(
                 compiled.module(),
                 tuple(args),
-                kwargs,
+                kwargs=kwargs,
                 options={**options, "aot_inductor.output_path": str(scratch)},
             )
     except Exception as e:  # inductor's own errors name no method
