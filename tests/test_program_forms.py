@@ -130,6 +130,15 @@ def test_a_call_the_method_cannot_take_is_a_form_error(
         check_program({"forward": keyword_ep}, {"forward": keyword_ep.example_inputs}, [("forward", given)])
 
 
+def test_a_refused_call_is_numbered_as_given(keyword_ep: torch.export.ExportedProgram) -> None:
+    program = {"forward": keyword_ep, "get_max_seq_len": MAX_SEQ}
+    too_long = step(0, MAX_SEQ + 1)
+    with pytest.raises(ProgramFormError, match="^call #1 cannot be made"):
+        check_program(
+            program, {"forward": keyword_ep.example_inputs}, [("get_max_seq_len", ()), ("forward", too_long)]
+        )
+
+
 def test_a_constant_method_takes_no_inputs(keyword_ep: torch.export.ExportedProgram) -> None:
     inputs = {"forward": keyword_ep.example_inputs, "get_max_seq_len": (torch.ones(1),)}
     with pytest.raises(ProgramFormError, match="constant method 'get_max_seq_len' takes no inputs"):

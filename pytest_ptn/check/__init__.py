@@ -92,7 +92,7 @@ def check_program(
     positions = [i for i, (name, _) in enumerate(given) if name not in user.constants]
     with torch.no_grad(), tempfile.TemporaryDirectory() as tmp:
         sequence = user.calls(given)
-        _refuse_calls(user, sequence)
+        _refuse_calls(user, sequence, positions)
         findings = _check(usable, user, sequence, workdir or Path(tmp))
     numbered = [f if f.call is None else dataclasses.replace(f, call=positions[f.call]) for f in findings]
     return Findings(numbered, _hazards(user, sequence))
@@ -115,11 +115,13 @@ def _hazards(program: UserProgram, sequence: list) -> Hazards:
     return hazards_of(program.inspected(), [name for name, _ in sequence], list(program.constants))
 
 
-def _refuse_calls(program: UserProgram, sequence: list) -> None:
+def _refuse_calls(program: UserProgram, sequence: list, positions: list[int]) -> None:
+    """ProgramFormError for a call the exported method cannot take (``positions``: each call's number as
+    given, constant methods' calls counted)."""
     from pytest_ptn.programs.exported import call_refusal, input_metas
 
     inspected = program.inspected()
-    for i, (name, args) in enumerate(sequence):
+    for i, (name, args) in zip(positions, sequence, strict=True):
         refusal = call_refusal(name, input_metas(inspected[name]), args)
         if refusal is not None:
             raise ProgramFormError(
