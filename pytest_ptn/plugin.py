@@ -233,6 +233,27 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         for f in state.expectation_files:
             if f.applies_to(cls.name, a.versions):
                 lines.extend(f.summary())
+    return lines + program_hazards(state)
+
+
+def program_hazards(state: RunState) -> list[str]:
+    """Each of the host's own programs with what it holds that the rules are about, and the rules it
+    leaves with no case to check (pytest_ptn.check.hazards): a green run on it says what it covered. A
+    program that cannot be made a scenario is told here in a line and fails collection with the reason."""
+    if not state.user_programs:
+        return []
+    from pytest_ptn.backend import one_line
+    from pytest_ptn.check.hazards import hazards_of
+
+    try:
+        state.user_scenarios()  # exports and inspects each program once, for the run's cases too
+    except Exception as e:
+        return [f"ptn programs: their hazards cannot be read: {one_line(e)}"]
+    lines = []
+    for name, program in state.user_programs.items():
+        found = hazards_of(state.lowerings.inspected[name], program.sequence, program.constant_methods)
+        lines.append(f"ptn program {name}: methods {', '.join(program.method_names)}")
+        lines += [f"  {line}" for line in found.lines()]
     return lines
 
 

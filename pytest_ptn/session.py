@@ -56,11 +56,13 @@ class RunState:
 
     def user_scenarios(self) -> dict[str, UserScenario]:
         """The user programs as scenarios, tagged on first use (that exports them: collection, not start-up);
-        the programs their tags were read from are the cases' programs to inspect."""
+        the programs their tags were read from are the cases' programs to inspect. A program that cannot be
+        a scenario raises for every caller (nothing half-made is kept)."""
         if self._user_scenarios is None:
-            self._user_scenarios = {}
+            made = {}
             for name, program in self.user_programs.items():
-                self._user_scenarios[name], self.lowerings.inspected[name] = program.scenario()
+                made[name], self.lowerings.inspected[name] = program.scenario()
+            self._user_scenarios = made
         return self._user_scenarios
 
     def zoo_scenario(self, name: str) -> UserScenario:

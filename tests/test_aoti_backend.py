@@ -228,3 +228,19 @@ def test_memory_ledger_agrees_with_malloc(
     assert reading.peak_bytes <= unique * 1.05 if copies == 1 else reading.peak_bytes > unique * 1.05
     measured = loaded._probe.peak
     assert measured is not None and abs(measured - reading.peak_bytes) < (1 << 20), reading.probe
+
+
+@needs_compiler
+def test_a_keyword_only_program_compiles_and_runs_flat(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """optimum-executorch's methods take keywords only: ``ep.module()`` refuses them positionally, so the
+    compile gets them as the program declares them, and the container runs them flat in that order."""
+    from test_program_forms import MAX_SEQ, keyword_program, step
+
+    from pytest_ptn.check import check_program
+
+    monkeypatch.setenv(aoti_cache.CACHE_ENV, str(tmp_path / "aoti-cache"))
+    ep = keyword_program(torch.ones(3, 4))
+    calls = [("forward", step(0, 3)), ("forward", step(3, 1)), ("forward", step(4, MAX_SEQ - 4))]
+    assert check_program({"forward": ep}, {"forward": ep.example_inputs}, calls, AotiBackend()) == []

@@ -103,7 +103,9 @@ def cache(pristine: CompiledMethod, tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv(CACHE_ENV, str(root))
     compiles: list[Path] = []
 
-    def aot_compile(module: torch.nn.Module, examples: object, *, options: dict[str, Any]) -> list[str]:
+    def aot_compile(
+        module: torch.nn.Module, examples: object, kwargs: object = None, *, options: dict[str, Any]
+    ) -> list[str]:
         """What inductor gives for a program of SMALLEST's structure: its .so, and a blob of the module's
         own bytes where the pristine blob has SMALLEST's."""
         out = Path(options["aot_inductor.output_path"])

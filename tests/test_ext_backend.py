@@ -22,6 +22,18 @@ SUITE = str(Path(__file__).parents[1] / "conformance")
 """This checkout's suite (an installed one may be another version's)."""
 
 
+@pytest.fixture(scope="module")
+def registry_imported() -> None:
+    """The flow registry and the quantizer ops its flows run, imported before an in-process run (and its
+    pytester's snapshot of the modules, hence module scope): such a run drops what it imported, and these
+    register themselves once per process (openvino's bindings, torch's quantized_decomposed library), so a
+    later test could not import them again ("type 'Extension' is already registered")."""
+    pytest.importorskip("executorch")
+    with upstream_noise.contained():
+        ext.registry()
+        import torch.ao.quantization.fx._decomposed  # noqa: F401
+
+
 def test_an_ext_name_is_a_flow_not_a_module_class_path() -> None:
     cls = resolve_backend("ext:xnnpack")  # "ext" and "xnnpack" are identifiers: a module:Class look-alike
     assert cls.name == "ext:xnnpack"
@@ -119,7 +131,7 @@ def test_availability_says_why_a_flow_cannot_run_here() -> None:
         assert reason.startswith("flow 'qnn' is not registered") and "QNN_SDK_ROOT" in reason
 
 
-@pytest.mark.usefixtures("executorch")
+@pytest.mark.usefixtures("executorch", "registry_imported")
 def test_a_run_on_a_flow_checks_its_programs_and_refuses_one_that_cannot_load(
     pytester: pytest.Pytester,
 ) -> None:
@@ -151,7 +163,7 @@ def test_a_flow_is_known_to_fail_exactly_as_the_pte_backend_it_matches(flow: str
     ]
 
 
-@pytest.mark.usefixtures("executorch")
+@pytest.mark.usefixtures("executorch", "registry_imported")
 def test_a_quantized_method_reading_another_methods_frozen_param_is_caught(pytester: pytest.Pytester) -> None:
     """The flow quantizes each method on its own, so both methods of quantized_linears hold a `_frozen_param0`
     with other bytes; a backend that gives decode prefill's fails E1, and the failure says whose it read."""

@@ -227,3 +227,21 @@ def test_exported_programs_are_a_program() -> None:
     assert [call.outputs[0].tolist() for call in other.eager()] == [[1.5] * 4, [2.5] * 4]
     assert list(program.export()["classify"].state_dict) == ["weight"]
     assert exported["classify"].state_dict["weight"].tolist() == [1.0] * 4  # the host's programs untouched
+
+
+def test_the_run_header_shows_each_programs_hazards(pytester: pytest.Pytester, warm_torch: None) -> None:
+    """What the rules can bite on in the program: all four hazards, so no rule is left without a case."""
+    pytester.makeconftest(readme_conftest())
+    result = pytester.runpytest_inprocess(
+        "--ptn-backend=reference", "-p", "no:cacheprovider", "--collect-only"
+    )
+    result.stdout.fnmatch_lines(
+        [
+            f"ptn program {PROGRAM}: methods prefill, decode",
+            "  names minted in several methods with different bytes: 'lifted_tensor_0' (prefill, decode)",
+            "  tensors shared by identity: prefill:proj.weight = decode:proj.weight; prefill:proj.bias = *",
+            "  state shared across methods: 'cache' (prefill, decode; written by prefill)",
+            "  methods loaded lazily, at their first call: decode after prefill ran",
+        ]
+    )
+    assert "to check" not in result.stdout.str()

@@ -1,10 +1,12 @@
 """The zoo (pytest_ptn.programs.zoo): upstream's own models build from the installed executorch at a tiny
 size, earn the tags they are listed with, exercise what they are there for, run clean on the reference
-backend in float32, and a model that upstream changed is a skip naming the change, never an error."""
+backend in float32, and a model that upstream changed is a skip naming the change, never an error. The
+optimum-executorch family's builds are tests/test_optimum.py's (they need the [hf] extra)."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import importlib.metadata
 import json
 from collections.abc import Callable
@@ -17,7 +19,8 @@ from pytest_ptn import __main__, expectations
 from pytest_ptn.programs import zoo, zoo_models
 from pytest_ptn.programs.user import UserScenario
 
-FLOAT32 = [m.name for m in zoo.MODELS if m.dtype == "float32"]
+EXAMPLES = [m.name for m in zoo.MODELS if m.family is zoo.EXAMPLES]
+FLOAT32 = [name for name in EXAMPLES if zoo.BY_NAME[name].dtype == "float32"]
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +42,7 @@ def test_the_zoo_has_an_llm_with_a_kv_cache_and_an_encoder_decoder_in_two_dtypes
     assert all(zoo.ZOO_TAG in m.tags and "valid" in m.tags for m in zoo.MODELS)
 
 
-@pytest.mark.parametrize("name", list(zoo.BY_NAME))
+@pytest.mark.parametrize("name", EXAMPLES)
 def test_model_builds_exports_and_earns_its_listed_tags(
     name: str, built: Callable[[str], UserScenario]
 ) -> None:
@@ -108,6 +111,19 @@ def test_without_executorch_the_zoo_says_what_it_needs(monkeypatch: pytest.Monke
         zoo.BY_NAME["zoo_voxtral"].program()
 
 
+def test_without_optimum_the_hf_family_says_what_it_needs(monkeypatch: pytest.MonkeyPatch) -> None:
+    def missing(dist: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(dist)
+
+    _broken_builders(monkeypatch)
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    for name in ("zoo_hf_llama", "zoo_hf_whisper"):
+        with pytest.raises(zoo.ZooUnavailable) as raised:
+            zoo.BY_NAME[name].program()
+        needs = "whose exportable modules export it (pip install 'pytest-ptn[hf]')"
+        assert str(raised.value) == f"{name} needs optimum-executorch, {needs}"
+
+
 def test_model_whose_structure_changed_names_the_tags() -> None:
     listed = dataclasses.replace(zoo.BY_NAME["zoo_llama"], tags=zoo.BY_NAME["zoo_voxtral"].tags)
     with pytest.raises(zoo.ZooUnavailable, match=r"now exports a program tagged \[.*'shared_state'"):
@@ -118,8 +134,8 @@ def _broken_builders(monkeypatch: pytest.MonkeyPatch) -> None:
     def gone(name: str, doc: str, dtype: torch.dtype) -> None:
         raise ImportError("cannot import name 'construct_transformer' from 'llama_transformer'")
 
-    for builder in {m.builder for m in zoo.MODELS}:
-        monkeypatch.setattr(zoo_models, builder, gone)
+    for model in zoo.MODELS:
+        monkeypatch.setattr(importlib.import_module(model.family.module), model.builder, gone)
 
 
 def test_changed_model_is_a_skip_in_the_suite(

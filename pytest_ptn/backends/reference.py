@@ -47,7 +47,7 @@ class ReferenceBackend(Backend):
         return Availability(True, versions={d: package_version(d) or "?" for d in ("torch", "safetensors")})
 
     def lower(self, programs: dict[str, ExportedProgram], workdir: Path) -> ReferenceLowered:
-        from pytest_ptn.programs.exported import constants_of, functionalize, signature
+        from pytest_ptn.programs.exported import DECLARED_RANGES, constants_of, functionalize, signature
         from pytest_ptn.reference.loader import ReferenceLowered
         from pytest_ptn.reference.package import Package, write_package
 
@@ -56,6 +56,8 @@ class ReferenceBackend(Backend):
         bindings = {m: signature(ep, plan.bindings[m]) for m, ep in decomposed.items()}
         path = workdir / "program.ptpkg"
         write_package(path, Package(plan.entries, plan.aliases, bindings, sorted(plan.state_keys)))
+        for ep in decomposed.values():  # the sizes each method admits, as the loader refuses others
+            ep.graph_module.meta[DECLARED_RANGES] = ep.range_constraints
         return ReferenceLowered(path, {m: ep.graph_module for m, ep in decomposed.items()})
 
     def plan(self, methods: Mapping[str, Mapping[str, ConstantUse]]) -> PackagePlan:

@@ -18,6 +18,16 @@ A program the rules reject, methods built separately that start a same-named mut
 values (P7), is checked as the conformance suite checks its P7 scenario: a backend with a package must reject
 it at lowering (else P7), and a rejection must name the key and both methods (X1); a backend without a package
 is not held to P7. Nothing else is checked on it: eager has no one value for that buffer.
+
+The findings come as a list (``Findings``) that also carries ``hazards`` (pytest_ptn.check.hazards): what the
+program holds that the rules are about (names minted in several methods with different bytes, tensors
+shared by identity, state shared across methods, methods loaded lazily at their first call, constant
+methods) and, for each family it lacks, the rules that therefore had no case of it to check, so a clean result
+says what it covered. ``program_hazards`` gives the same without lowering anything.
+
+Programs as optimum-executorch exports them go in as they are: methods of keyword inputs (inputs given as a
+mapping, or as ``ep.example_inputs``), example inputs computed with autograd on, constant methods such as
+``get_max_seq_len`` (values in the program mapping: reported, not lowered).
 """
 
 from __future__ import annotations
@@ -39,8 +49,9 @@ from pytest_ptn.backend import (
     resolve_backend,
     runtime_availability,
 )
-from pytest_ptn.check.findings import Difference, Finding, Stage
-from pytest_ptn.programs.source import ProgramFormError, Source, UserProgram
+from pytest_ptn.check.findings import Difference, Finding, Findings, Stage
+from pytest_ptn.check.hazards import Hazards, hazards_of
+from pytest_ptn.programs.source import Inputs, ProgramFormError, Source, UserProgram
 from pytest_ptn.reference.planner import StateConflictError
 from pytest_ptn.schedule import LoadSchedule
 
@@ -51,7 +62,7 @@ if TYPE_CHECKING:
 ACCURACY = "A1"
 """The rule a deviation from eager that the method shows alone too is reported under."""
 
-__all__ = ["Difference", "Finding", "Stage", "check_program"]
+__all__ = ["Difference", "Finding", "Findings", "Hazards", "Stage", "check_program", "program_hazards"]
 
 
 def usable_backend(backend: str | Backend) -> Backend:
@@ -68,38 +79,61 @@ def usable_backend(backend: str | Backend) -> Backend:
 
 def check_program(
     program: Source,
-    methods: Mapping[str, tuple[Any, ...]],
-    calls: Sequence[tuple[str, tuple[Any, ...]]] | None = None,
+    methods: Mapping[str, Inputs],
+    calls: Sequence[tuple[str, Inputs]] | None = None,
     backend: str | Backend = "reference",
     workdir: Path | None = None,
-) -> list[Finding]:
-    """Lower ``program``'s ``methods`` (name -> example inputs) through ``backend`` and check it; [] if clean.
+) -> Findings:
+    """Lower ``program``'s ``methods`` (name -> example inputs) through ``backend`` and check it; [] if clean,
+    and ``.hazards`` says what the check could bite on.
 
     ``program`` is an ``nn.Module`` with those methods, or a mapping of method name -> ``nn.Module`` (its
-    forward), callable or ``ExportedProgram``; findings name its tensors by its own FQNs. ``calls`` is the
-    call sequence (method, inputs); by default each method once with its example inputs. A backend that
-    cannot run here raises BackendError; a program in none of those forms, or a call its method cannot take
-    (inputs of another shape or dtype than the method was exported for, as the runtime refuses them),
+    forward), callable, ``ExportedProgram`` or constant value (a constant method, which needs no inputs);
+    findings name its tensors by its own FQNs. A method's inputs are a tuple (positional), a mapping
+    (keywords) or ``(args, kwargs)``, or flat in the exported program's order as a runtime takes them.
+    ``calls`` is the call sequence (method, inputs), numbered as given (calls of constant methods are not
+    run); by default each method once with its example inputs. A backend that cannot run here raises
+    BackendError; a program in none of those forms, or a call its method cannot take (inputs of another
+    structure, shape or dtype than the method was exported for, as the runtime refuses them),
     ProgramFormError: a usage error of the program, never a finding about the backend."""
     import torch
 
     usable = usable_backend(backend)
     user = UserProgram(program, methods)
-    sequence = list(calls) if calls is not None else list(methods.items())
+    given = list(calls) if calls is not None else list(user.inputs.items())
+    positions = [i for i, (name, _) in enumerate(given) if name not in user.constants]
     with torch.no_grad(), tempfile.TemporaryDirectory() as tmp:
-        _refuse_calls(user, sequence)
-        return _check(usable, user, sequence, workdir or Path(tmp))
+        sequence = user.calls(given)
+        _refuse_calls(user, sequence, positions)
+        findings = _check(usable, user, sequence, workdir or Path(tmp))
+    numbered = [f if f.call is None else dataclasses.replace(f, call=positions[f.call]) for f in findings]
+    return Findings(numbered, _hazards(user, sequence))
 
 
-def _refuse_calls(program: UserProgram, sequence: list) -> None:
+def program_hazards(
+    program: Source, methods: Mapping[str, Inputs], calls: Sequence[tuple[str, Inputs]] | None = None
+) -> Hazards:
+    """What ``program`` (in any form check_program takes) holds that the rules are about, and the rules
+    it leaves with no case to check, without lowering it: its methods are exported and read."""
+    import torch
+
+    user = UserProgram(program, methods)
+    with torch.no_grad():
+        sequence = user.calls(list(calls) if calls is not None else list(user.inputs.items()))
+        return _hazards(user, sequence)
+
+
+def _hazards(program: UserProgram, sequence: list) -> Hazards:
+    return hazards_of(program.inspected(), [name for name, _ in sequence], list(program.constants))
+
+
+def _refuse_calls(program: UserProgram, sequence: list, positions: list[int]) -> None:
+    """ProgramFormError for a call the exported method cannot take (``positions``: each call's number as
+    given, constant methods' calls counted)."""
     from pytest_ptn.programs.exported import call_refusal, input_metas
 
     inspected = program.inspected()
-    for i, (name, args) in enumerate(sequence):
-        if name not in inspected:
-            raise ProgramFormError(
-                f"call #{i} is to {name!r}, which is not one of the methods {list(inspected)}"
-            )
+    for i, (name, args) in zip(positions, sequence, strict=True):
         refusal = call_refusal(name, input_metas(inspected[name]), args)
         if refusal is not None:
             raise ProgramFormError(

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
 
+    from pytest_ptn.check.hazards import Hazards
     from pytest_ptn.comparison import Tolerance
 
 SHOWN_ELEMENTS = 3
@@ -102,3 +104,12 @@ class Finding:
         if self.explanation is not None:
             line += f"; it equals {self.explanation}"
         return line
+
+
+class Findings(list[Finding]):
+    """check_program's findings, a plain list (``[]`` when clean), with the program's ``hazards``: what it
+    holds that the rules are about, and the rules it left with no case to check."""
+
+    def __init__(self, findings: Iterable[Finding], hazards: Hazards):
+        super().__init__(findings)
+        self.hazards = hazards

@@ -62,6 +62,10 @@ def read_keys(ep: ExportedProgram) -> set[str]:
     return {str(s.target) for s in ep.graph_signature.input_specs if s.arg.name in placeholders}
 
 
+DECLARED_RANGES = "pytest_ptn_range_constraints"
+"""The key of a graph module's ``meta`` under which a lowering keeps its program's range constraints."""
+
+
 @dataclass(frozen=True)
 class InputMeta:
     """What one user input of an exported method must be: its dtype, and each dimension's size, or the
@@ -73,7 +77,9 @@ class InputMeta:
     @classmethod
     def of(cls, val: torch.Tensor, ranges: Mapping[Any, Any] | None = None) -> InputMeta:
         """From a placeholder's fake value; a dynamic size's range from ``ranges`` (an ExportedProgram's
-        range constraints) or else from the shape environment that traced it."""
+        range constraints: what the program declares) or else from the shape environment that traced it,
+        which starts a size declared from 0 or 1 at 2 (torch's 0/1 specialization hint), so a graph lowered
+        from a program keeps its ranges (DECLARED_RANGES)."""
         dims: list[int | tuple[int, int | None]] = []
         for size in val.shape:
             if isinstance(size, int):
@@ -361,12 +367,17 @@ def call_graph_copy(module_call_graph: list[Any]) -> list[Any]:
     """A deep copy of an ExportedProgram's module call graph sharing its pytree specs: they are immutable,
     and copying one makes torch warn (a FutureWarning about ``LeafSpec``) from our code, outside any
     backend's contained toolchain calls, which a host's ``filterwarnings = error`` turns into a failure."""
+    return copy.deepcopy(module_call_graph, specs_kept(module_call_graph))
+
+
+def specs_kept(module_call_graph: list[Any]) -> dict[int, Any]:
+    """A deep-copy memo that keeps a module call graph's pytree specs (see call_graph_copy)."""
     memo: dict[int, Any] = {}
     for entry in module_call_graph:
         if entry.signature is not None:
             for spec in (entry.signature.in_spec, entry.signature.out_spec):
                 memo[id(spec)] = spec
-    return copy.deepcopy(module_call_graph, memo)
+    return memo
 
 
 def private_copy(

@@ -1,31 +1,46 @@
 """A user's multi-method program in any form upstream lowers from, as fresh exports and eager modules.
 
 A program is one ``nn.Module`` whose methods are named, or a mapping of method name -> ``nn.Module`` (its
-forward), callable or ``ExportedProgram`` (methods built or exported separately). Both doors take it:
-``pytest_ptn.check.check_program`` and the ``pytest_ptn_programs`` hook's ``NamedProgram``. Every export and
-eager run starts from a new deep copy of it (a plain function is not copied), made for inference: modules in
-eval mode, no tensor requiring grad, as when a model is lowered for deployment. Tensors keep the user's own
-names (FQNs): a method of one module is exported from a shallow copy of that module whose forward is the
-method, so every method names one tensor alike.
+forward), callable or ``ExportedProgram`` (methods built or exported separately), where a value that is none
+of those (an int, a string, ...) is a constant method, as ExecuTorch's ``constant_methods`` ship them
+(optimum-executorch's ``get_max_seq_len``). Both doors take it: ``pytest_ptn.check.check_program`` and the
+``pytest_ptn_programs`` hook's ``NamedProgram``. Every export and eager run starts from a new deep copy of it
+(a plain function is not copied), made for inference: modules in eval mode, no tensor requiring grad or
+carrying autograd history, as when a model is lowered for deployment. Tensors keep the user's own names
+(FQNs): a method of one module is exported from a shallow copy of that module whose forward is the method,
+so every method names one tensor alike.
+
+A method's inputs are given positionally (a tuple), as keywords (a mapping), or both as ``(args, kwargs)``,
+the form of ``ExportedProgram.example_inputs``; the lowered method takes them flat, in its exported
+program's input order (its ``in_spec``), as a runtime does, and the eager modules take them that way too.
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterable, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import cached_property
 from typing import Any
 
 import torch
 from torch import nn
 from torch.export import ExportedProgram
+from torch.utils import _pytree as pytree
 
 from pytest_ptn.comparison import reduced_precision
-from pytest_ptn.programs.exported import constants_of, functionalize, mutable_keys
+from pytest_ptn.programs.exported import constants_of, functionalize, mutable_keys, specs_kept
 from pytest_ptn.reference.planner import StateConflictError, shared_state
 
 Entry = nn.Module | Callable[..., Any] | ExportedProgram
-Source = nn.Module | Mapping[str, Entry]
+Source = nn.Module | Mapping[str, Any]
+"""An ``nn.Module``, or a mapping of method name -> Entry or constant method value (CONSTANT_TYPES)."""
+Inputs = tuple[Any, ...] | Mapping[str, Any]
+"""A method's inputs: positional, keywords, or ``(args, kwargs)`` (``ExportedProgram.example_inputs``)."""
+
+CONSTANT_TYPES = (bool, int, float, str, list, tuple, torch.Tensor)
+"""What a constant method of an ExecuTorch program returns (``to_edge(constant_methods=...)``): a value, no
+inputs, no program to lower; every rule is about programs, so none applies to one."""
 
 
 class ProgramFormError(ValueError):
@@ -39,8 +54,86 @@ class Function(nn.Module):
         super().__init__()
         self.function = function
 
-    def forward(self, *args: Any) -> Any:
-        return self.function(*args)
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.function(*args, **kwargs)
+
+
+def arguments(given: Inputs) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``(args, kwargs)`` of inputs given positionally, as keywords, or as both."""
+    if isinstance(given, Mapping):
+        return (), dict(given)
+    if isinstance(given, tuple):
+        if len(given) == 2 and isinstance(given[0], tuple) and isinstance(given[1], Mapping):
+            return given[0], dict(given[1])
+        return given, {}
+    raise ProgramFormError(
+        f"a method's inputs are a tuple, a mapping of keywords or (args, kwargs), not {type(given).__name__}"
+    )
+
+
+def leaves(given: Inputs) -> list[Any]:
+    """Every value of a method's inputs, in order."""
+    return pytree.tree_leaves(arguments(given))
+
+
+def flat(method: str, given: Inputs, in_spec: pytree.TreeSpec | None) -> tuple[Any, ...]:
+    """``given`` as the lowered method takes it: flat, in its exported program's input order (``in_spec``:
+    keywords in the order the program declares them), each tensor without autograd history. Inputs that are
+    flat already (a tuple of every input the program takes, as a runtime takes them) stay as they are.
+    ProgramFormError for inputs of another structure (a missing or unknown keyword, a count that fits no
+    form)."""
+    args, kwargs = arguments(given)
+    keywords = _keywords(in_spec)
+    if set(kwargs) == set(keywords):
+        values, spec = pytree.tree_flatten((args, {k: kwargs[k] for k in keywords}))
+        if in_spec is None or spec == in_spec:
+            return _detached(values)
+    if in_spec is not None and not kwargs and len(args) == in_spec.num_leaves:
+        return _detached(args)
+    positional = in_spec.child(0).num_children if in_spec is not None else len(args)
+    raise ProgramFormError(
+        f"method {method!r} takes {positional} positional inputs and keywords {keywords}, not "
+        f"{len(args)} positional and keywords {list(kwargs)}"
+    )
+
+
+def _keywords(in_spec: pytree.TreeSpec | None) -> list[str]:
+    """The keyword inputs a program declares, in its order."""
+    if in_spec is None or in_spec.type is not tuple or in_spec.num_children != 2:
+        return []
+    return list(in_spec.child(1).context or [])
+
+
+def _is_positional(in_spec: pytree.TreeSpec) -> bool:
+    """Whether a program's inputs are positional values only: then its flat inputs are its arguments."""
+    if in_spec.type is not tuple or in_spec.num_children != 2:
+        return False
+    count = in_spec.child(0).num_children
+    return in_spec == pytree.tree_flatten((tuple(range(count)), {}))[1]
+
+
+def _detached(values: Sequence[Any]) -> tuple[Any, ...]:
+    return tuple(v.detach() if isinstance(v, torch.Tensor) and v.grad_fn is not None else v for v in values)
+
+
+def taking_flat_inputs(module: nn.Module, in_spec: pytree.TreeSpec | None) -> nn.Module:
+    """``module`` called with its inputs flat, as the lowered method is (see ``flat``): itself for a method
+    of positional inputs, else a view of it (its very tensors under its FQNs, its own hooks) that rebuilds
+    ``(args, kwargs)`` by ``in_spec`` before anything else sees them (an ``ep.module()`` checks its inputs
+    against that spec). A view, not ``copy.copy``: a GraphModule's copy is a new module with other tensors."""
+    if in_spec is None or _is_positional(in_spec):
+        return module
+    spec = in_spec
+
+    def structured(_: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return None if kwargs else pytree.tree_unflatten(list(args), spec)
+
+    view = object.__new__(type(module))
+    view.__dict__.update(module.__dict__)
+    view._forward_pre_hooks = OrderedDict(module._forward_pre_hooks)
+    view._forward_pre_hooks_with_kwargs = OrderedDict(module._forward_pre_hooks_with_kwargs)
+    view.register_forward_pre_hook(structured, with_kwargs=True, prepend=True)
+    return view
 
 
 def method_view(model: nn.Module, method: str) -> nn.Module:
@@ -54,19 +147,21 @@ def method_view(model: nn.Module, method: str) -> nn.Module:
 class UserProgram:
     """Fresh exports of the user's program and eager runs of it, each from a new inference copy.
 
-    ``inputs`` gives each method's example inputs, used to export it. ``offset`` is added to every
-    floating-point parameter and buffer (and an ExportedProgram's constants): the same names holding other
-    values, S4's second program."""
+    ``inputs`` gives each method's example inputs (Inputs), used to export it; a constant method needs none
+    (``constants``: its value; it is neither exported nor run). ``offset`` is added to every floating-point
+    parameter and buffer (and an ExportedProgram's constants): the same names holding other values, S4's
+    second program."""
 
-    def __init__(self, source: Source, inputs: Mapping[str, tuple[Any, ...]], offset: float = 0.0):
-        _check_form(source, inputs)
+    def __init__(self, source: Source, inputs: Mapping[str, Inputs], offset: float = 0.0):
+        self.constants = _check_form(source, inputs)
         self.source = source
-        self.inputs = dict(inputs)
+        self.inputs = {name: given for name, given in inputs.items() if name not in self.constants}
         self.offset = offset
         self._inspected: dict[str, ExportedProgram] | None = None
 
     @property
     def methods(self) -> tuple[str, ...]:
+        """The methods that are programs (constant methods aside), in the order given."""
         return tuple(self.inputs)
 
     def export(self) -> dict[str, ExportedProgram]:
@@ -74,7 +169,7 @@ class UserProgram:
         return {
             name: entry
             if isinstance(entry, ExportedProgram)
-            else torch.export.export(entry, self.inputs[name], strict=False)
+            else torch.export.export(entry, *arguments(self.inputs[name]), strict=False)
             for name, entry in self._fresh().items()
         }
 
@@ -83,6 +178,25 @@ class UserProgram:
         if self._inspected is None:
             self._inspected = functionalize(self.export())
         return self._inspected
+
+    def flat(self, method: str, given: Inputs) -> tuple[Any, ...]:
+        """``given`` flat, in the order the lowered method (and ``eager()``'s module of it) takes it, without
+        autograd history; ProgramFormError if the method takes inputs of another structure."""
+        return flat(method, given, self.inspected()[method].call_spec.in_spec)
+
+    def calls(self, sequence: Iterable[tuple[str, Inputs]]) -> list[tuple[str, tuple[Any, ...]]]:
+        """A call sequence with each call's inputs flat (``flat``); calls of constant methods left out (no
+        program runs them). ProgramFormError for a call to a method the program does not have."""
+        out = []
+        for i, (name, given) in enumerate(sequence):
+            if name in self.constants:
+                continue
+            if name not in self.inputs:
+                raise ProgramFormError(
+                    f"call #{i} is to {name!r}, which is not one of the methods {list(self.inputs)}"
+                )
+            out.append((name, self.flat(name, given)))
+        return out
 
     @cached_property
     def conflict(self) -> StateConflictError | None:
@@ -95,12 +209,13 @@ class UserProgram:
         return None
 
     def eager(self, widen: torch.dtype | None = None) -> dict[str, nn.Module]:
-        """The methods as modules on one fresh copy, state carried between calls as eager does; a tensor is
-        found in them by the key the exported programs give it (find_tensor). An ExportedProgram runs as
-        ``ep.module()``. A buffer some method mutates is one tensor across methods, as the rules define the
-        program (one ``state/k``), also where methods were built separately; StateConflictError if their
-        initial values differ (see conflict). ``widen``: every floating parameter and buffer converted to
-        that dtype (the same values, exactly), to measure eager's own rounding (pytest_ptn.comparison)."""
+        """The methods as modules on one fresh copy, state carried between calls as eager does, each called
+        with its inputs flat (``flat``); a tensor is found in them by the key the exported programs give it
+        (find_tensor). An ExportedProgram runs as ``ep.module()``. A buffer some method mutates is one tensor
+        across methods, as the rules define the program (one ``state/k``), also where methods were built
+        separately; StateConflictError if their initial values differ (see conflict). ``widen``: every
+        floating parameter and buffer converted to that dtype (the same values, exactly), to measure eager's
+        own rounding (pytest_ptn.comparison)."""
         conflict = self.conflict
         if conflict is not None:
             raise StateConflictError(str(conflict), conflict.methods, conflict.keys)
@@ -112,8 +227,9 @@ class UserProgram:
             for module in modules.values():
                 module.to(widen)
                 widen_graphs(module, widen)
-        tie_state(modules, mutable_keys(self.inspected()))
-        return modules
+        inspected = self.inspected()
+        tie_state(modules, mutable_keys(inspected))
+        return {name: taking_flat_inputs(m, inspected[name].call_spec.in_spec) for name, m in modules.items()}
 
     def wide_eager(self) -> dict[str, nn.Module] | None:
         """A fresh eager copy widened to float64 for a reduced-precision program (to bound its rounding,
@@ -124,7 +240,7 @@ class UserProgram:
     def reduced_precision(self) -> bool:
         """Whether the program holds or takes a floating tensor coarser than float32 (a bf16 model): then
         its eager results are compared with a float64 run's too."""
-        tensors = [a for args in self.inputs.values() for a in args]
+        tensors = [a for given in self.inputs.values() for a in leaves(given)]
         for ep in self.inspected().values():
             tensors += [*ep.state_dict.values(), *ep.constants.values()]
         return any(isinstance(t, torch.Tensor) and reduced_precision(t) for t in tensors)
@@ -132,7 +248,7 @@ class UserProgram:
     def _fresh(self) -> dict[str, nn.Module | ExportedProgram]:
         """method -> the module whose forward runs it, or its ExportedProgram, all on one new inference copy
         (modules shared between entries stay shared)."""
-        source = copy.deepcopy(self.source)
+        source = copy.deepcopy(self.source, _copy_memo(self.source))
         if isinstance(source, nn.Module):
             runs: dict[str, nn.Module | ExportedProgram] = {n: method_view(source, n) for n in self.inputs}
             roots = [source]
@@ -157,22 +273,61 @@ class UserProgram:
                     t.add_(self.offset)
 
 
-def _check_form(source: Source, inputs: Mapping[str, tuple[Any, ...]]) -> None:
+def _copy_memo(source: Source) -> dict[int, Any]:
+    """A deep-copy memo for ``source``: each tensor with autograd history it holds (on its modules, in an
+    ExportedProgram's example inputs, state and constants: optimum-executorch's example decoder inputs are an
+    encoder's output computed with grad on) copied detached, since torch refuses to deep-copy a tensor that
+    is not a graph leaf and nothing lowered for inference needs that history; an ExportedProgram's pytree
+    specs kept (call_graph_copy: copying one warns from our code)."""
+    entries = list(source.values()) if isinstance(source, Mapping) else [source]
+    found: list[object] = []
+    memo: dict[int, Any] = {}
+    for entry in entries:
+        if isinstance(entry, ExportedProgram):
+            memo.update(specs_kept(entry.module_call_graph))
+            found += pytree.tree_leaves(entry.example_inputs)
+            found += [*entry.state_dict.values(), *entry.constants.values()]
+            entry = entry.graph_module
+        module = _module_of(entry)
+        if module is not None:
+            found += [v for m in module.modules() for v in [*vars(m).values(), *m.buffers(recurse=False)]]
+        found.append(entry)
+    for t in found:
+        if isinstance(t, torch.Tensor) and t.grad_fn is not None:
+            memo[id(t)] = t.detach().clone()
+    return memo
+
+
+def _check_form(source: Source, inputs: Mapping[str, Inputs]) -> dict[str, Any]:
+    """The program's constant methods (name -> value), after checking that it is in one of the forms a
+    program is given in and that ``inputs`` names its methods, each in an Inputs form."""
+    for given in inputs.values():
+        arguments(given)
     if isinstance(source, nn.Module):
         missing = [m for m in inputs if not callable(getattr(source, m, None))]
         if missing:
             raise ProgramFormError(f"the model has no method {', '.join(missing)}")
-    elif isinstance(source, Mapping):
-        if set(source) != set(inputs):
-            raise ProgramFormError(f"methods {sorted(source)} but inputs for {sorted(inputs)}")
-        wrong = [m for m, e in source.items() if not isinstance(e, ExportedProgram) and not callable(e)]
-        if wrong:
-            raise ProgramFormError(f"method {wrong[0]!r} is {type(source[wrong[0]]).__name__}")
-    else:
+        return {}
+    if not isinstance(source, Mapping):
         raise ProgramFormError(
-            f"a program is an nn.Module or a mapping of method name -> module, callable or ExportedProgram, "
-            f"not {type(source).__name__}"
+            f"a program is an nn.Module or a mapping of method name -> module, callable, ExportedProgram or "
+            f"constant value, not {type(source).__name__}"
         )
+    constants = {m: v for m, v in source.items() if isinstance(v, CONSTANT_TYPES)}
+    wrong = [
+        m
+        for m, e in source.items()
+        if m not in constants and not isinstance(e, ExportedProgram) and not callable(e)
+    ]
+    if wrong:
+        raise ProgramFormError(f"method {wrong[0]!r} is {type(source[wrong[0]]).__name__}")
+    programs = set(source) - set(constants)
+    if not programs <= set(inputs) <= set(source):
+        raise ProgramFormError(f"methods {sorted(programs)} but inputs for {sorted(inputs)}")
+    taking = [m for m in constants if m in inputs and leaves(inputs[m])]
+    if taking:
+        raise ProgramFormError(f"constant method {taking[0]!r} takes no inputs")
+    return constants
 
 
 def _module_of(entry: Entry) -> nn.Module | None:

@@ -18,10 +18,18 @@ from torch.utils import _pytree as pytree
 from pytest_ptn import upstream_noise
 from pytest_ptn.programs.build import EagerCall
 from pytest_ptn.programs.exported import mutable_keys
-from pytest_ptn.programs.source import ProgramFormError, Source, UserProgram, find_tensor, widened
+from pytest_ptn.programs.source import (
+    Inputs,
+    ProgramFormError,
+    Source,
+    UserProgram,
+    find_tensor,
+    leaves,
+    widened,
+)
 from pytest_ptn.programs.traits import derived_tags
 
-Inputs = tuple[torch.Tensor, ...]
+Flat = tuple[torch.Tensor, ...]
 NAME = re.compile(r"\w+")
 """A program's name is part of test ids and expectation files: letters, digits and underscores."""
 
@@ -35,10 +43,12 @@ class NamedProgram:
     """A named multi-method program with its example inputs and the call sequence to check.
 
     ``model`` is one module whose methods are the keys of ``inputs`` (``getattr(model, name)``), or a mapping
-    method name -> module (its forward), callable or ``ExportedProgram``, so methods can come from separately
-    built modules (pytest_ptn.programs.source). ``inputs`` gives each method's example inputs (tensors), used
-    to export it; ``calls`` is the sequence of (method, inputs) run on eager and on the backend, state carried
-    across calls; by default each method once with its example inputs.
+    method name -> module (its forward), callable, ``ExportedProgram`` or constant value, so methods can come
+    from separately built modules or an exporter such as optimum-executorch (pytest_ptn.programs.source).
+    ``inputs`` gives each method's example inputs (tensors: positional, keywords or ``(args, kwargs)``), used
+    to export it; a constant method needs none, and no call runs it. ``calls`` is the sequence of (method,
+    inputs) run on eager and on the backend, state carried across calls; by default each method once with
+    its example inputs. The backend gets each call's inputs flat, in the exported program's order.
 
     Every export and eager run starts from a new copy of ``model`` made for inference (eval mode, no grad). A
     program the rules reject cannot be a scenario: methods built separately that start a same-named mutated
@@ -66,15 +76,36 @@ class NamedProgram:
             self._program = UserProgram(self.model, self.inputs, self.offset)
         except ProgramFormError as e:
             raise NamedProgramError(f"{where}: {e}") from e
-        for method, args in [*self.inputs.items(), *self.calls]:
-            if method not in self.inputs:
+        for method, args in [*self._program.inputs.items(), *self.calls]:
+            if method in self._program.constants:
+                raise NamedProgramError(
+                    f"{where}: a call to {method!r}, a constant method: no program runs it, leave it out"
+                )
+            if method not in self._program.inputs:
                 raise NamedProgramError(f"{where}: a call to {method!r}, which has no example inputs")
-            if not isinstance(args, tuple) or not all(isinstance(a, torch.Tensor) for a in args):
-                raise NamedProgramError(f"{where}: inputs of {method!r} must be a tuple of tensors")
+            try:
+                tensors = all(isinstance(a, torch.Tensor) for a in leaves(args))
+            except ProgramFormError:
+                tensors = False
+            if not tensors:
+                raise NamedProgramError(
+                    f"{where}: inputs of {method!r} must be tensors: a tuple, a mapping of keywords, or both"
+                )
 
     @property
     def method_names(self) -> tuple[str, ...]:
-        return tuple(self.inputs)
+        """The methods that are programs (constant methods aside)."""
+        return self._program.methods
+
+    @property
+    def constant_methods(self) -> tuple[str, ...]:
+        """The methods that are values (ExecuTorch's constant methods): named, never lowered or run."""
+        return tuple(self._program.constants)
+
+    @property
+    def sequence(self) -> tuple[str, ...]:
+        """The methods of the call sequence, in order."""
+        return tuple(name for name, _ in self.calls or self._program.inputs.items())
 
     def export(self) -> dict[str, ExportedProgram]:
         """Freshly exported programs, one per method, from one new copy of the model."""
@@ -83,12 +114,12 @@ class NamedProgram:
     def eager(self) -> list[EagerCall]:
         """The call sequence run eagerly, computed once."""
         if self._eager is None:
-            self._eager = self._run(self.calls or tuple(self.inputs.items()))
+            self._eager = self._run(self.calls or tuple(self._program.inputs.items()))
         return self._eager
 
     def run_eager(self, sequence: tuple[str, ...]) -> list[EagerCall]:
         """``sequence`` run eagerly with each method's example inputs, on one new copy of the model."""
-        return self._run([(name, self.inputs[name]) for name in sequence])
+        return self._run([(name, self._program.inputs[name]) for name in sequence])
 
     def state_fqns(self) -> dict[str, torch.Tensor]:
         """Initial value of every buffer some method writes, by the FQN export gives it."""
@@ -130,8 +161,11 @@ class NamedProgram:
         found = {key: find_tensor(methods, key) for key in sorted(mutable_keys(self._program.inspected()))}
         return {key: t.clone() for key, t in found.items() if t is not None}
 
-    def _run(self, calls: Sequence[tuple[str, Inputs]]) -> list[EagerCall]:
-        """The calls on eager; a reduced-precision program also widened to float64 (EagerCall.wide)."""
+    def _run(self, given: Sequence[tuple[str, Inputs]]) -> list[EagerCall]:
+        """The calls on eager, their inputs flat as the backend gets them; a reduced-precision program also
+        widened to float64 (EagerCall.wide)."""
+        with upstream_noise.contained():
+            calls = self._program.calls(given)
         out = self._calls(self._modules(), calls)
         if self._program.reduced_precision:
             wide = [(name, widened(args, torch.float64)) for name, args in calls]
@@ -141,7 +175,7 @@ class NamedProgram:
                 call.wide = wide_call
         return out
 
-    def _calls(self, methods: dict[str, nn.Module], calls: Sequence[tuple[str, Inputs]]) -> list[EagerCall]:
+    def _calls(self, methods: dict[str, nn.Module], calls: Sequence[tuple[str, Flat]]) -> list[EagerCall]:
         out = []
         with torch.no_grad():
             for name, args in calls:

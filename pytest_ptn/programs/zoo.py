@@ -1,11 +1,13 @@
-"""The zoo: upstream's own models (``executorch.examples.models``) as conformance scenarios.
+"""The zoo: upstream's own models as conformance scenarios.
 
-Every other scenario is a program this project wrote; the zoo's are programs ExecuTorch's own examples
-export, at a tiny size with seeded random weights (pytest_ptn.programs.zoo_models builds them). Each is
-listed here as data, without torch, so that ``list scenarios``, expectation files and test collection know
-them without building anything; the tags are the ones its exported programs earn (programs.traits), plus
-``zoo``, and a build checks that they still are. A model that no longer builds as written here, because
-upstream changed it, is a skip that names what failed (ZooUnavailable), never an error of the run.
+Every other scenario is a program this project wrote; the zoo's are programs upstream exports, at a tiny size
+with seeded random weights, in two families: ExecuTorch's own examples (``executorch.examples.models``,
+built by pytest_ptn.programs.zoo_models) and Hugging Face models as optimum-executorch exports them (the
+``[hf]`` extra, built by pytest_ptn.programs.zoo_optimum). Each is listed here as data, without torch, so
+that ``list scenarios``, expectation files and test collection know them without building anything; the
+tags are the ones its exported programs earn (programs.traits), plus ``zoo``, and a build checks that they
+still are. A model that no longer builds as written here, because upstream changed it, or whose family is
+not installed, is a skip that names what failed (ZooUnavailable), never an error of the run.
 """
 
 from __future__ import annotations
@@ -25,8 +27,30 @@ ZOO_TAG = "zoo"
 
 
 class ZooUnavailable(RuntimeError):
-    """A zoo model that cannot be built here: no executorch (its wheel ships the model code), or upstream
+    """A zoo model that cannot be built here: the distribution whose code it is is missing, or upstream
     changed the model so that it no longer builds as pytest-ptn builds it."""
+
+
+@dataclass(frozen=True)
+class ZooFamily:
+    """Where a family of zoo models comes from."""
+
+    module: str
+    """The module of pytest-ptn whose functions build them."""
+    distribution: str
+    """The distribution whose code they are, named with its version in a skip."""
+    needs: str
+    """Why and how to install it, said when it is missing."""
+
+
+EXAMPLES = ZooFamily(
+    "pytest_ptn.programs.zoo_models", "executorch", "whose wheel ships the model (pip install executorch)"
+)
+OPTIMUM = ZooFamily(
+    "pytest_ptn.programs.zoo_optimum",
+    "optimum-executorch",
+    "whose exportable modules export it (pip install 'pytest-ptn[hf]')",
+)
 
 
 @dataclass(frozen=True)
@@ -36,11 +60,12 @@ class ZooModel:
     name: str
     doc: str
     builder: str
-    """The function of pytest_ptn.programs.zoo_models that builds it."""
+    """The function of the family's module that builds it."""
     upstream: str
     """The upstream objects the builder uses, named in a skip when it fails."""
     dtype: str
     tags: frozenset[str]
+    family: ZooFamily = EXAMPLES
 
     def program(self) -> NamedProgram:
         """The model as a NamedProgram; ZooUnavailable if upstream's code no longer builds it."""
@@ -48,11 +73,12 @@ class ZooModel:
 
         try:
             with upstream_noise.contained():  # upstream's imports warn (executorch.exir's, torchao's)
+                import importlib
+
                 import torch
 
-                from pytest_ptn.programs import zoo_models
-
-                build: Callable[[str, str, torch.dtype], NamedProgram] = getattr(zoo_models, self.builder)
+                module = importlib.import_module(self.family.module)
+                build: Callable[[str, str, torch.dtype], NamedProgram] = getattr(module, self.builder)
                 return build(self.name, self.doc, getattr(torch, self.dtype))
         except Exception as e:
             raise self._changed(e) from e
@@ -78,12 +104,11 @@ class ZooModel:
     def _changed(self, error: Exception) -> ZooUnavailable:
         from importlib.metadata import PackageNotFoundError, version
 
+        family = self.family
         try:
-            installed = f"executorch {version('executorch')}"
+            installed = f"{family.distribution} {version(family.distribution)}"
         except PackageNotFoundError:
-            return ZooUnavailable(
-                f"{self.name} needs executorch, whose wheel ships the model (pip install executorch)"
-            )
+            return ZooUnavailable(f"{self.name} needs {family.distribution}, {family.needs}")
         return ZooUnavailable(
             f"{self.name}: upstream's model no longer builds as pytest-ptn builds it ({installed}; "
             f"{self.upstream}): {type(error).__name__}: {error}"
@@ -106,6 +131,17 @@ VOXTRAL = (
     "executorch.examples.models.voxtral_realtime: VoxtralRealtimeModel + export_voxtral_rt's "
     "AudioEncoderExport, TokenEmbeddingExport, TextDecoderExport"
 )
+
+OPTIMUM_CAUSAL_LM = (
+    "optimum.exporters.executorch: the text-generation task's load_causal_lm_model + "
+    "CausalLMExportableModule (transformers LlamaForCausalLM)"
+)
+OPTIMUM_WHISPER = (
+    "optimum.exporters.executorch: the automatic-speech-recognition task's load_seq2seq_speech_model + "
+    "Seq2SeqLMExportableModule (transformers WhisperForConditionalGeneration)"
+)
+HF_TAGS = frozenset({ZOO_TAG, "valid", "buffers", "private_state"})
+"""What optimum's exports hold: parameters and buffers, each name in one method, a KV cache per method."""
 
 MODELS: tuple[ZooModel, ...] = (
     *_zoo(
@@ -130,6 +166,28 @@ MODELS: tuple[ZooModel, ...] = (
         "buffers",
         "dedupe",
         "private_state",
+    ),
+    ZooModel(
+        "zoo_hf_llama",
+        "a Hugging Face Llama, 2 layers, hidden 32, random weights, as optimum-executorch exports it: "
+        "forward with keyword inputs and a dynamic sequence length over a static KV cache, 12 constant "
+        "methods; a prefill of 5 tokens then two decodes of one, as its runner calls them",
+        "causal_lm",
+        OPTIMUM_CAUSAL_LM,
+        "float32",
+        HF_TAGS,
+        OPTIMUM,
+    ),
+    ZooModel(
+        "zoo_hf_whisper",
+        "a Hugging Face Whisper, d_model 32, random weights, as optimum-executorch exports it: encoder, "
+        "text_decoder with 8 mutated caches, sampler, static shapes; the encoder once, the decoder three "
+        "tokens on its output, the sampler once",
+        "whisper",
+        OPTIMUM_WHISPER,
+        "float32",
+        HF_TAGS,
+        OPTIMUM,
     ),
 )
 

@@ -14,7 +14,7 @@ import torch
 
 from pytest_ptn.backend import Loaded, Lowered, MemoryReading, PackageView
 from pytest_ptn.content import SharingCache
-from pytest_ptn.programs.exported import CallRefused, InputMeta, call_refusal
+from pytest_ptn.programs.exported import DECLARED_RANGES, CallRefused, InputMeta, call_refusal
 from pytest_ptn.reference.package import Package, read_package, view
 from pytest_ptn.reference.planner import STATE
 
@@ -85,9 +85,11 @@ class ReferenceLoaded(Loaded):
     def _admits(self, method: str, inputs: Sequence[torch.Tensor]) -> None:
         """Refuse a call the method was not exported for, as the runtime refuses it (CallRefused)."""
         sig = self._package.bindings[method]
-        placeholders = self._graphs[method].graph.find_nodes(op="placeholder")
+        graph = self._graphs[method]
+        placeholders = graph.graph.find_nodes(op="placeholder")
+        ranges = graph.meta.get(DECLARED_RANGES)
         metas = [
-            InputMeta.of(node.meta["val"])
+            InputMeta.of(node.meta["val"], ranges)
             for node, item in zip(placeholders, sig["inputs"], strict=True)
             if item["kind"] == "user" and isinstance(node.meta.get("val"), torch.Tensor)
         ]

@@ -46,6 +46,7 @@ from typing import Any, Protocol
 import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
+from torch.utils import _pytree as pytree
 
 from pytest_ptn.backends.aoti.objects import wrapper_objects
 from pytest_ptn.content import ContentKey, digest, host_memory, tensor_bytes
@@ -442,12 +443,18 @@ def _compile_into(out: Path, ep: ExportedProgram, options: dict[str, Any], devic
 
         compiled = move_to_device_pass(ep, device)
     users = set(compiled.graph_signature.user_inputs)
-    examples = tuple(n.meta["val"] for n in compiled.graph.find_nodes(op="placeholder") if n.name in users)
+    examples = [n.meta["val"] for n in compiled.graph.find_nodes(op="placeholder") if n.name in users]
+    # ep.module() takes its inputs as the program declares them (keywords: optimum-executorch's methods);
+    # the compiled runner takes them flat, in that order.
+    args, kwargs = pytree.tree_unflatten(examples, compiled.call_spec.in_spec)
     scratch = out / "aoti"
     try:
         with torch.no_grad():
             paths = torch._inductor.aot_compile(
-                compiled.module(), examples, options={**options, "aot_inductor.output_path": str(scratch)}
+                compiled.module(),
+                tuple(args),
+                kwargs=kwargs,
+                options={**options, "aot_inductor.output_path": str(scratch)},
             )
     except Exception as e:  # inductor's own errors name no method
         raise RuntimeError(f"{label}: AOTInductor failed: {type(e).__name__}: {e}") from e
