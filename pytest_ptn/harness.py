@@ -261,18 +261,56 @@ class Case:
         deviations, mismatches = self._deviations(calls, ran)
         if not deviations:
             return mismatches
-        alone, unavailable = self._alone(calls)
-        for d in deviations:
-            detail, explained = self._detail(d, calls)
+        details, explained = self._explained(deviations, calls, ran)
+        unexplained = [d for d in deviations if d.call not in explained]
+        alone, unavailable = self._alone(calls) if unexplained else (None, None)
+        for d, detail in zip(deviations, details, strict=True):
             truth = d.of(alone[d.call]) if alone is not None else None
-            if not explained and truth is not None and self._same(d, truth):
+            if d.call not in explained and truth is not None and self._same(d, truth):
                 continue  # the method alone computes it so: accuracy, not isolation
             if truth is not None and not self._same_as_eager(d, truth):
                 detail += f"; alone, the method gives {_fmt(truth)}"
-            if unavailable is not None:
+            if unavailable is not None and d.call not in explained:
                 detail += f" (judged against eager: {unavailable})"
             mismatches.append(Mismatch(d.call, calls[d.call].method, detail))
         return sorted(mismatches, key=lambda m: m.call)
+
+    def _explained(
+        self, deviations: list[Deviation], calls: list[EagerCall], ran: list[Ran]
+    ) -> tuple[list[str], set[int]]:
+        """Each deviation's detail, and the calls whose wrong values a faulty binding accounts for: another
+        method's same-named tensor, a private copy of shared state, two buffers in one memory
+        (pytest_ptn.check.explain). Such a call is an isolation defect whatever the method alone gives (a
+        cache that outlives a program, as the CUDA delegate's is, hands the method alone the same tensor),
+        and it needs no method lowered alone."""
+        details, explained = [], set()
+        for d in deviations:
+            detail, read = self._detail(d, calls)
+            details.append(detail)
+            if read:
+                explained.add(d.call)
+        wrong = {d.call: calls[d.call].method for d in deviations if d.kind == "output"}
+        wrong = {call: method for call, method in wrong.items() if call not in explained}
+        labels = self._bindings(calls, ran, wrong) if wrong else {}
+        for i, d in enumerate(deviations):
+            if d.kind == "output" and d.call in labels:
+                details[i] += f"; it equals {labels[d.call]}"
+        return details, explained | set(labels)
+
+    def _bindings(self, calls: list[EagerCall], ran: list[Ran], wrong: dict[int, str]) -> dict[int, str]:
+        """What a faulty binding gives for each call of ``wrong`` it accounts for (check.explain); nothing
+        for a quantized program, whose own ``_read_elsewhere`` says whose constant it read."""
+        from pytest_ptn.check.explain import eager_base, explanations
+        from pytest_ptn.programs.quantized import QuantizedProgram
+
+        if isinstance(self.program, QuantizedProgram):
+            return {}
+        bases = self._cache.eager_bases
+        key = (id(self.backend), self.scenario.name)
+        if key not in bases:
+            bases[key] = eager_base(self.program.export(), self.exported())
+        sequence = [(c.method, c.inputs) for c in calls]
+        return explanations(bases[key], self.exported(), [r.outputs for r in ran], sequence, wrong)
 
     def accuracy(self) -> list[Mismatch]:
         """A1: where the program's results differ from eager's, how each method alone differs from eager
@@ -294,6 +332,9 @@ class Case:
         except Exception as e:  # E2's or E1's finding: the program does not load or run
             pytest.skip(not_applicable(f"the program does not run: {type(e).__name__}: {e}"))
         deviations, _ = self._deviations(calls, ran)
+        if deviations:  # a value a faulty binding explains is isolation's, whatever the method alone gives
+            _, explained = self._explained(deviations, calls, ran)
+            deviations = [d for d in deviations if d.call not in explained]
         if not deviations:
             return []
         try:
@@ -304,8 +345,8 @@ class Case:
         mismatches = []
         for d in deviations:
             truth = d.of(alone[d.call])
-            if truth is None or self._same_as_eager(d, truth) or self._detail(d, calls)[1]:
-                continue  # the program's difference is isolation's: alone it agrees, or it read another's
+            if truth is None or self._same_as_eager(d, truth):
+                continue  # alone, the method agrees with eager: the program's difference is isolation's
             if truth.shape != d.want.shape:
                 detail = f"{d.what} has shape {tuple(truth.shape)}, eager {tuple(d.want.shape)}"
             else:

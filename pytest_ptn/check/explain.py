@@ -37,7 +37,32 @@ def explain(
     if not wrong:
         return findings
     programs = program.inspected()
-    base = exported_eager(program.export(), mutable_keys(programs))
+    explained = explanations(eager_base(program.export(), programs), programs, returned, sequence, wrong)
+    return [
+        dataclasses.replace(f, explanation=explained[f.call])
+        if f.call in explained and f.rule == "E1" and f.stage == Stage.COMPARE
+        else f
+        for f in findings
+    ]
+
+
+def eager_base(
+    fresh: Mapping[str, torch.export.ExportedProgram], programs: Mapping[str, torch.export.ExportedProgram]
+) -> Modules:
+    """The program as eager modules to bind faulty ways (``fresh``: new exports, ``programs``: their
+    functional form): each binding replays a deep copy, so one base serves every explanation of a case."""
+    return exported_eager(fresh, mutable_keys(dict(programs)))
+
+
+def explanations(
+    base: Modules,
+    programs: Mapping[str, torch.export.ExportedProgram],
+    returned: Sequence[Sequence[torch.Tensor]],
+    sequence: Sequence[Call],
+    wrong: Mapping[int, str],
+) -> dict[int, str]:
+    """For each wrong call (``wrong``: call -> its method) whose outputs, ``returned`` by the backend, one
+    faulty binding accounts for: what that binding gives ("what method 'prefill''s 'weight' would give")."""
     explained: dict[int, str] = {}
     for label, modules in _faulty_bindings(base, programs, set(wrong.values())):
         try:
@@ -45,14 +70,9 @@ def explain(
         except Exception:  # a binding the program cannot run with explains nothing
             continue
         for call in wrong:
-            if call not in explained and _same(returned[call], replayed[call]):
+            if call not in explained and _same(list(returned[call]), replayed[call]):
                 explained[call] = label
-    return [
-        dataclasses.replace(f, explanation=explained[f.call])
-        if f.call in explained and f.rule == "E1" and f.stage == Stage.COMPARE
-        else f
-        for f in findings
-    ]
+    return explained
 
 
 def _faulty_bindings(
