@@ -300,17 +300,20 @@ class Case:
     def _bindings(self, calls: list[EagerCall], ran: list[Ran], wrong: dict[int, str]) -> dict[int, str]:
         """What a faulty binding gives for each call of ``wrong`` it accounts for (check.explain); nothing
         for a quantized program, whose own ``_read_elsewhere`` says whose constant it read."""
-        from pytest_ptn.check.explain import eager_base, explanations
+        from pytest_ptn.check.alone import identity
+        from pytest_ptn.check.explain import eager_base, explanations, faulty_replays
         from pytest_ptn.programs.quantized import QuantizedProgram
 
         if isinstance(self.program, QuantizedProgram):
             return {}
-        bases = self._cache.eager_bases
-        key = (id(self.backend), self.scenario.name)
-        if key not in bases:
-            bases[key] = eager_base(self.program.export(), self.exported())
         sequence = [(c.method, c.inputs) for c in calls]
-        return explanations(bases[key], self.exported(), [r.outputs for r in ran], sequence, wrong)
+        key = (self.scenario.name, *((m, *map(identity, args)) for m, args in sequence))
+        replays = self._cache.replays
+        if key not in replays:  # the same for every test of the case that runs this sequence
+            replays[key] = faulty_replays(
+                eager_base(self.program.export(), self.exported()), self.exported(), sequence
+            )
+        return explanations(replays[key], [r.outputs for r in ran], wrong)
 
     def accuracy(self) -> list[Mismatch]:
         """A1: where the program's results differ from eager's, how each method alone differs from eager

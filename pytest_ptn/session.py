@@ -12,11 +12,11 @@ from pytest_ptn.backend import Availability, Backend
 from pytest_ptn.programs import catalogue, zoo
 
 if TYPE_CHECKING:
-    import torch
     from torch.export import ExportedProgram
 
     from pytest_ptn.backend import Lowered
     from pytest_ptn.check.alone import MethodsAlone
+    from pytest_ptn.check.explain import Replays
     from pytest_ptn.programs.user import NamedProgram, UserScenario
     from pytest_ptn.spec import ProgramSpec, Scenario
 
@@ -33,8 +33,8 @@ class LoweringCache:
 
     lowered: dict[tuple[int, str], Lowered | Exception] = field(default_factory=dict)
     alone: dict[tuple[int, str], MethodsAlone] = field(default_factory=dict)
-    eager_bases: dict[tuple[int, str], dict[str, torch.nn.Module]] = field(default_factory=dict)
-    """The program as eager modules a faulty binding is replayed on (pytest_ptn.check.explain)."""
+    replays: dict[tuple[object, ...], Replays] = field(default_factory=dict)
+    """(scenario, call sequence) -> what each faulty binding gives on it (pytest_ptn.check.explain)."""
     inspected: dict[str, dict[str, ExportedProgram]] = field(default_factory=dict)
 
 

@@ -68,7 +68,7 @@ class MethodsAlone:
     def run(self, calls: Sequence[tuple[str, Sequence[Any]]]) -> list[CallAlone]:
         """What each call gives with its method alone, state threaded from the initial values;
         AloneUnavailable if a method alone does not lower, load or run (the same for every later ask)."""
-        key = tuple((method, *map(_identity, args)) for method, args in calls)
+        key = tuple((method, *map(identity, args)) for method, args in calls)
         if key not in self._runs:
             try:
                 self._runs[key] = self._run(calls)
@@ -133,8 +133,8 @@ def _copy(value: Any) -> Any:
     return value.detach().clone() if isinstance(value, torch.Tensor) else value
 
 
-def _identity(value: Any) -> object:
-    """What tells one call's argument from another's, to key a sequence's runs."""
+def identity(value: Any) -> object:
+    """What tells one call's argument from another's, to key what a sequence gives."""
     if isinstance(value, torch.Tensor):
         return (value.dtype, tuple(value.shape), digest(value))
     return repr(value)

@@ -37,7 +37,8 @@ def explain(
     if not wrong:
         return findings
     programs = program.inspected()
-    explained = explanations(eager_base(program.export(), programs), programs, returned, sequence, wrong)
+    replays = faulty_replays(eager_base(program.export(), programs), programs, sequence)
+    explained = explanations(replays, returned, wrong)
     return [
         dataclasses.replace(f, explanation=explained[f.call])
         if f.call in explained and f.rule == "E1" and f.stage == Stage.COMPARE
@@ -54,25 +55,35 @@ def eager_base(
     return exported_eager(fresh, mutable_keys(dict(programs)))
 
 
+Replays = list[tuple[str, list[list[torch.Tensor]]]]
+"""What each faulty binding gives on every call of a sequence: (what it is, each call's outputs)."""
+
+
 def explanations(
-    base: Modules,
-    programs: Mapping[str, torch.export.ExportedProgram],
-    returned: Sequence[Sequence[torch.Tensor]],
-    sequence: Sequence[Call],
-    wrong: Mapping[int, str],
+    replays: Replays, returned: Sequence[Sequence[torch.Tensor]], wrong: Mapping[int, str]
 ) -> dict[int, str]:
     """For each wrong call (``wrong``: call -> its method) whose outputs, ``returned`` by the backend, one
     faulty binding accounts for: what that binding gives ("what method 'prefill''s 'weight' would give")."""
     explained: dict[int, str] = {}
-    for label, modules in _faulty_bindings(base, programs, set(wrong.values())):
-        try:
-            replayed = _replay(modules, sequence)
-        except Exception:  # a binding the program cannot run with explains nothing
-            continue
+    for label, replayed in replays:
         for call in wrong:
             if call not in explained and _same(list(returned[call]), replayed[call]):
                 explained[call] = label
     return explained
+
+
+def faulty_replays(
+    base: Modules, programs: Mapping[str, torch.export.ExportedProgram], sequence: Sequence[Call]
+) -> Replays:
+    """The sequence replayed on ``base`` bound each faulty way a loader binds (a binding the program cannot
+    run with explains nothing): what a backend's wrong outputs are matched against."""
+    out = []
+    for label, modules in _faulty_bindings(base, programs, {name for name, _ in sequence}):
+        try:
+            out.append((label, _replay(modules, sequence)))
+        except Exception:
+            continue
+    return out
 
 
 def _faulty_bindings(
