@@ -90,7 +90,8 @@ def _faulty_bindings(
     base: Modules, programs: Mapping[str, torch.export.ExportedProgram], methods: set[str]
 ) -> Iterator[tuple[str, Modules]]:
     """(what it would give, the program bound that way): another method's same-named constant, a private
-    copy of shared state, two same-shape buffers in one memory."""
+    copy of shared state, two same-shape buffers in one memory, state that starts zero-filled (its initial
+    value lost, as a non-persistent buffer's is when a lowering ships no data for it)."""
     constants = {m: constants_of(ep) for m, ep in programs.items()}
     mutable = mutable_keys(dict(programs))
     for method in sorted(methods):
@@ -127,6 +128,16 @@ def _faulty_bindings(
                     if find_tensor({"": module}, other) is not None:
                         set_tensor(module, other, a)
                 yield f"what buffers {key!r} and {other!r} in one memory would give", modules
+    for key in buffers:  # state only: a buffer no method writes is the method's own, alone or not
+        modules = copy.deepcopy(base)
+        zeroed = [
+            t for t in (find_tensor({m: module}, key) for m, module in modules.items()) if t is not None
+        ]
+        if zeroed and any(bool(t.any()) for t in zeroed):
+            with torch.no_grad():
+                for t in zeroed:
+                    t.zero_()
+            yield f"what {key!r} starting zero-filled would give", modules
 
 
 def _replay(modules: Modules, sequence: Sequence[Call]) -> list[list[torch.Tensor]]:
