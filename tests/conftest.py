@@ -6,7 +6,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-EXTRAS = {"openvino": ("openvino", "nncf")}
+EXTRAS = {"openvino": ("openvino", "nncf"), "hf": ("optimum.exporters.executorch",)}
 """pyproject's optional extras that tests need, by the modules each installs: a test marked
 ``@pytest.mark.extra(NAME)`` skips, naming the extra, where they are missing, so the README's install line
 gives the same verdicts as one with every extra (.ci/run runs ``-m extra`` again once they are in)."""
@@ -18,10 +18,18 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+def installed(module: str) -> bool:
+    """Whether ``module`` can be imported, a dotted one too (whose parent package may be missing)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     for mark in item.iter_markers("extra"):
         (name,) = mark.args
-        missing = [m for m in EXTRAS[name] if importlib.util.find_spec(m) is None]
+        missing = [m for m in EXTRAS[name] if not installed(m)]
         if missing:
             pytest.skip(
                 f"needs the {name} extra ({', '.join(missing)} not installed): "

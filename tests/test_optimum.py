@@ -19,15 +19,16 @@ from pytest_ptn.programs import zoo, zoo_optimum
 from pytest_ptn.programs.user import NamedProgram
 from pytest_ptn.programs.zoo_models import SEED, randomize
 
+pytestmark = pytest.mark.extra("hf")
+
 README = Path(__file__).parents[1] / "README.md"
 HF = ["zoo_hf_llama", "zoo_hf_whisper"]
 
 
 @pytest.fixture(scope="session", autouse=True)
 def optimum_installed() -> None:
-    """Skips without the extra; imports optimum's task modules once, their upstream import-time warnings
-    (executorch's, torchao's) contained, so that the README's example meets them imported."""
-    pytest.importorskip("optimum.exporters.executorch", reason="pip install 'pytest-ptn[hf]'")
+    """Imports optimum's task modules once, their upstream import-time warnings (executorch's, torchao's)
+    contained, so that the README's example meets them imported."""
     with upstream_noise.contained():
         import optimum.exporters.executorch.tasks.asr  # noqa: F401
         import optimum.exporters.executorch.tasks.causal_lm  # noqa: F401
