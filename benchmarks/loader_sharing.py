@@ -46,7 +46,7 @@ def never_shares() -> Any:
     """A SharingCache that never hits: every bind materializes its constant (no digest, no lookup)."""
     import torch
 
-    from pytest_ptn import content
+    from pytest_ptn.instruments import content
 
     class NeverShares(content.SharingCache):
         def share(self, host: torch.Tensor, materialize: Any = torch.clone, key: Any = None) -> torch.Tensor:
@@ -108,7 +108,7 @@ def child(variant: str, path: str, entries: dict[str, str]) -> None:
 
     import torch  # noqa: F401  (imported before the baseline)
 
-    from pytest_ptn import content
+    from pytest_ptn.instruments import content
 
     if variant.startswith("reference"):
         from pytest_ptn.reference.loader import ReferenceLoaded

@@ -130,12 +130,14 @@ def child(side: str, cfg: Config, workdir: Path) -> None:
         peak = peak_rss() - base
         hashed = {"bytes": unique, "seconds": stages["dedupe"]}
     elif side == "pytest_ptn":
-        from pytest_ptn import content
+        from pytest_ptn.instruments import content
         from pytest_ptn.reference import package, planner
 
         uses = {m: {k: planner.ConstantUse(t) for k, t in c.items()} for m, c in methods.items()}
         counter = Counter(content.digest, nbytes)
-        content.digest = counter  # memoized_digest looks digest up in pytest_ptn.content at call time
+        content.digest = (
+            counter  # memoized_digest looks digest up in pytest_ptn.instruments.content at call time
+        )
         base = reset_peak()
         t0 = time.perf_counter()
         plan = planner.plan_package(uses)

@@ -25,8 +25,8 @@ def test_generated_programs_match_eager(
     from hypothesis import given
 
     from pytest_ptn.harness import check_spec, fail_on
+    from pytest_ptn.run.state import FAILING_PROGRAM
     from pytest_ptn.scheduling import crashes
-    from pytest_ptn.session import FAILING_PROGRAM
     from pytest_ptn.spec import ProgramSpec
     from pytest_ptn.strategies import program_specs, reproducer
 

@@ -15,8 +15,8 @@ from pytest_ptn.check.storage import (
     split_identical_findings,
     topology,
 )
-from pytest_ptn.comparison import equal
 from pytest_ptn.harness import Case, fail_on, fail_with
+from pytest_ptn.instruments.comparison import equal
 from pytest_ptn.programs.exported import (
     immutable_by_content,
     unique_immutable_bytes,

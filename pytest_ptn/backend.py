@@ -19,18 +19,40 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from pytest_ptn import DISTRIBUTION
-from pytest_ptn.comparison import Tolerance
+from pytest_ptn.instruments.comparison import Tolerance
 
 if TYPE_CHECKING:
     import torch
 
-    from pytest_ptn.programs.build import EagerCall
     from pytest_ptn.spec import Scenario
 
 ENTRY_POINT_GROUP = "pytest_ptn.backends"
 WIDE_RUN = "wide"
 """In a repro bundle's calls file: the prefix under which a reduced-precision program's float64 eager run
 (EagerCall.wide) is stored, with eager's own keys behind it."""
+
+
+@dataclass
+class EagerCall:
+    """What eager PyTorch did on one call of the sequence."""
+
+    method: str
+    inputs: tuple[torch.Tensor, ...]
+    outputs: list[torch.Tensor]
+    inputs_after: tuple[torch.Tensor, ...]
+    state_after: dict[str, torch.Tensor]
+    wide: EagerCall | None = None
+    """The same call when eager runs the program widened to float64, for a reduced-precision program: how
+    far eager's own rounding moves each value (pytest_ptn.instruments.comparison); None where it cannot
+    move it."""
+
+    def output_bounds(self) -> list[torch.Tensor | None]:
+        """Each output's float64 counterpart for the comparison, or None."""
+        return [None] * len(self.outputs) if self.wide is None else list(self.wide.outputs)
+
+    def widened(self, key: str) -> torch.Tensor | None:
+        """State ``key`` after this call in the float64 run, or None."""
+        return None if self.wide is None else self.wide.state_after.get(key)
 
 
 class Capability(enum.Enum):
@@ -62,8 +84,8 @@ class Availability:
 class ReducedPrecision:
     """A backend that computes float32 programs in a coarser dtype on this machine (a vendor default it offers
     no way to turn off). Its float32 results are compared with that dtype's rounding steps (``computed_in``
-    in pytest_ptn.comparison), against each method alone and against eager alike, and every difference is
-    labelled with ``why``: the verdict does not depend on the CPU."""
+    in pytest_ptn.instruments.comparison), against each method alone and against eager alike, and every
+    difference is labelled with ``why``: the verdict does not depend on the CPU."""
 
     dtype: str
     """torch's name of the dtype it computes in: ``bfloat16``, ``float16``."""
@@ -168,7 +190,7 @@ class Backend(ABC):
     capabilities: ClassVar[frozenset[Capability]]
     tolerance: ClassVar[Tolerance | None] = None
     """What a backend that quantizes (Capability.QUANTIZE) may differ by from its converted modules, beyond
-    the dtype's bound (pytest_ptn.comparison): declared by the backend, with its derivation."""
+    the dtype's bound (pytest_ptn.instruments.comparison): declared by the backend, with its derivation."""
 
     @classmethod
     @abstractmethod

@@ -138,7 +138,7 @@ class ExpectationFile:
 
 def read(path: Path, user_scenarios: Collection[str] = ()) -> ExpectationFile:
     """Read and check one file; a scenario must be the catalogue's, the zoo's or one of ``user_scenarios``
-    (the host's own programs, see pytest_ptn.hookspecs)."""
+    (the host's own programs, see pytest_ptn.run.hookspecs)."""
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as e:

@@ -12,16 +12,15 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from pytest_ptn.run.state import LoweringCache
 from pytest_ptn.schedule import LoadSchedule
-from pytest_ptn.session import LoweringCache
 
 if TYPE_CHECKING:
     import torch
 
-    from pytest_ptn.backend import Backend, Loaded, Lowered
+    from pytest_ptn.backend import Backend, EagerCall, Loaded, Lowered
     from pytest_ptn.check.alone import CallAlone, MethodsAlone
-    from pytest_ptn.comparison import Tolerance
-    from pytest_ptn.programs.build import EagerCall
+    from pytest_ptn.instruments.comparison import Tolerance
     from pytest_ptn.programs.user import UserScenario
     from pytest_ptn.spec import ProgramSpec, Scenario
 
@@ -255,9 +254,10 @@ class Case:
 
     def mismatches(self, calls: list[EagerCall], ran: list[Ran]) -> list[Mismatch]:
         """Each output, mutated input and (where ``ran`` has it) buffer that differs from eager
-        (pytest_ptn.comparison) and from what the method alone gives on this backend: an isolation defect.
-        A difference the method alone shows too is its arithmetic, accuracy's business (``accuracy``). Where
-        no method alone can be had, the difference is reported against eager, saying so."""
+        (pytest_ptn.instruments.comparison) and from what the method alone gives on this backend: an
+        isolation defect. A difference the method alone shows too is its arithmetic, accuracy's business
+        (``accuracy``). Where no method alone can be had, the difference is reported against eager, saying
+        so."""
         deviations, mismatches = self._deviations(calls, ran)
         if not deviations:
             return mismatches
@@ -378,12 +378,12 @@ class Case:
 
     def _same(self, d: Deviation, truth: torch.Tensor) -> bool:
         """The program's value equals what the method alone gives (the same bound, eager's noise kept)."""
-        from pytest_ptn.comparison import equal
+        from pytest_ptn.instruments.comparison import equal
 
         return equal(d.have, truth, d.wide, None, self._computed_in(d.want), eager=d.want)
 
     def _same_as_eager(self, d: Deviation, value: torch.Tensor) -> bool:
-        from pytest_ptn.comparison import equal
+        from pytest_ptn.instruments.comparison import equal
 
         return equal(value, d.want, d.wide, self.tolerance, self._computed_in(d.want))
 
@@ -428,7 +428,7 @@ class Case:
             return f"input {d.where} after the call is {_fmt(d.have)}, eager {_fmt(d.want)}", False
         if d.kind == "buffer":
             return f"buffer {d.where!r} is {_fmt(d.have)}, eager {_fmt(d.want)}", False
-        from pytest_ptn.comparison import close
+        from pytest_ptn.instruments.comparison import close
 
         call = calls[d.call]
         computed_in = self._computed_in(d.want)
@@ -509,7 +509,7 @@ def _describe(
     another method's tensor may show."""
     if ok is None:
         return f"output shape {tuple(have.shape)}, eager {tuple(want.shape)}", False
-    from pytest_ptn.comparison import allowed
+    from pytest_ptn.instruments.comparison import allowed
 
     parts, read = [], False
     bound = allowed(want, computed_in=computed_in).reshape(-1)

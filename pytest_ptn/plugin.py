@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from _pytest.reports import TestReport
 
-from pytest_ptn import expectations, hookspecs, stopping, upstream_noise
+from pytest_ptn import expectations, upstream_noise
 from pytest_ptn.backend import (
     Backend,
     BackendError,
@@ -37,9 +37,10 @@ from pytest_ptn.ruleset import (
     not_applicable,
     should_not_met,
 )
+from pytest_ptn.run import hookspecs, stopping
+from pytest_ptn.run.state import RUN_STATE, RunState
 from pytest_ptn.schedule import LoadSchedule
 from pytest_ptn.scheduling import gpus, hangs, shards, workers
-from pytest_ptn.session import RUN_STATE, RunState
 from pytest_ptn.spec import Scenario
 
 if TYPE_CHECKING:

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from pytest_ptn import content
 from pytest_ptn.backend import Lowered
 from pytest_ptn.backends.reference import ReferenceBackend
+from pytest_ptn.instruments import content
 from pytest_ptn.reference import package as reference_package
 from pytest_ptn.reference import planner
 from pytest_ptn.reference.loader import ReferenceLoaded, ReferenceLowered

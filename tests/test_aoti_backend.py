@@ -24,7 +24,7 @@ from pytest_ptn.backends.aoti.backend import (
     UpstreamLoaded,
 )
 from pytest_ptn.backends.aoti.cache import CompiledMethod, ConstantInfo
-from pytest_ptn.content import ContentKey
+from pytest_ptn.instruments.content import ContentKey
 from pytest_ptn.programs.build import Program
 from pytest_ptn.spec import Constant, Method, ProgramSpec, Write
 

@@ -35,7 +35,7 @@ from pytest_ptn.backends.aoti.cache import (
     structure_key,
 )
 from pytest_ptn.backends.aoti.objects import OBJECTS
-from pytest_ptn.content import ContentKey, host_memory
+from pytest_ptn.instruments.content import ContentKey, host_memory
 from pytest_ptn.programs.build import Program
 from pytest_ptn.programs.exported import constants_of, functionalize
 from pytest_ptn.spec import Constant, Method, ProgramSpec

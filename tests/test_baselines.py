@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pytest_ptn import expectations
-from pytest_ptn.__main__ import main
+from pytest_ptn.cli.main import main
 from pytest_ptn.plugin import suite_path
 
 RACY = "--ptn-backend=broken_backends:RarelyThreadUnsafe"

@@ -13,8 +13,7 @@ from typing import Any
 import pytest
 
 import pytest_ptn
-from pytest_ptn import backend, inventory
-from pytest_ptn.__main__ import main
+from pytest_ptn import backend
 from pytest_ptn.backend import (
     EXT_PREFIX,
     Availability,
@@ -26,6 +25,8 @@ from pytest_ptn.backend import (
 )
 from pytest_ptn.backends.pte import PteBackend
 from pytest_ptn.backends.reference import ReferenceBackend
+from pytest_ptn.cli import inventory
+from pytest_ptn.cli.main import main
 from pytest_ptn.programs import zoo
 from pytest_ptn.programs.catalogue import SCENARIOS
 from pytest_ptn.ruleset import RULES, SPEC_VERSION, rules_shown
@@ -150,7 +151,7 @@ def test_listing_imports_neither_torch_nor_executorch_but_for_the_ext_flows() ->
         "import sys\n"
         "import pytest_ptn\n"
         "from pytest_ptn import inventory\n"
-        "from pytest_ptn.__main__ import main\n"
+        "from pytest_ptn.cli.main import main\n"
         "pytest_ptn.__version__\n"
         "for what in ('scenarios', 'rules'):\n"
         "    main(['list', what])\n"

@@ -1,12 +1,12 @@
-"""The dtype-fitted comparison (pytest_ptn.comparison): a correct bf16/fp16 backend's rounding is equal, and
-every broken reference variant is still caught on the bf16 and fp16 scenarios."""
+"""The dtype-fitted comparison (pytest_ptn.instruments.comparison): a correct bf16/fp16 backend's
+rounding is equal, and every broken reference variant is still caught on the bf16 and fp16 scenarios."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from pytest_ptn.comparison import FLOOR, Tolerance, allowed, equal
+from pytest_ptn.instruments.comparison import FLOOR, Tolerance, allowed, equal
 from pytest_ptn.plugin import suite_path
 from pytest_ptn.programs.build import Program
 from pytest_ptn.programs.catalogue import BY_NAME, REDUCED_PRECISION_OF

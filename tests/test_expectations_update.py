@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ptn import expectations, expectations_update
-from pytest_ptn.__main__ import main
+from pytest_ptn import expectations
+from pytest_ptn.cli import expectations_update
+from pytest_ptn.cli.main import main
 from pytest_ptn.reporting import reasons, results
 
 TESTS = Path(__file__).resolve().parent

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from pytest_ptn.memory import AllocatorCounters, NvmlCounter
+from pytest_ptn.instruments.memory import AllocatorCounters, NvmlCounter
 
 PID = 4242
 

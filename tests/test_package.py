@@ -18,10 +18,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save
 
-from pytest_ptn import zipdata
-from pytest_ptn.reference import package
+from pytest_ptn.reference import package, zipdata
 from pytest_ptn.reference.package import Package, read_package, write_package
-from pytest_ptn.zipdata import PackageFormatError
+from pytest_ptn.reference.zipdata import PackageFormatError
 
 BINDINGS = {"m": {"inputs": [{"kind": "constant", "key": "w", "final": "m/w"}], "outputs": []}}
 

@@ -19,7 +19,7 @@ import torch
 from pytest_ptn.backend import EXT_PREFIX, Backend, Capability, installed_backends
 from pytest_ptn.backends import pte
 from pytest_ptn.harness import Case
-from pytest_ptn.isolation import ChildCrashed, RemoteTraceback, run_isolated
+from pytest_ptn.instruments.isolation import ChildCrashed, RemoteTraceback, run_isolated
 from pytest_ptn.programs.catalogue import BY_NAME
 from pytest_ptn.spec import Constant, Method, ProgramSpec, Scenario
 

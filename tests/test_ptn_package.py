@@ -22,7 +22,6 @@ with warnings.catch_warnings():
     pytest.importorskip("safetensors")
     import torch
 
-from pytest_ptn import zipdata  # noqa: E402
 from pytest_ptn.backends.native.package import (  # noqa: E402
     MAX_HEADER_BYTES,
     PtnFormatError,
@@ -30,6 +29,7 @@ from pytest_ptn.backends.native.package import (  # noqa: E402
     read_ptn,
     shape_fits,
 )
+from pytest_ptn.reference import zipdata  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

@@ -4,7 +4,7 @@ Each example takes a valid package (the reference package built here, the commit
 edits its members (safetensors header fields incl. huge and zero dimensions, many empty entries, header
 length, alias chains and cycles, JSON members, member bytes, dropped and duplicated members) and then its
 zip bytes (central directory and local header fields, byte flips, truncation), and reads it. The reader
-must raise its documented error (:class:`~pytest_ptn.zipdata.PackageFormatError`, for a ``.ptn``
+must raise its documented error (:class:`~pytest_ptn.reference.zipdata.PackageFormatError`, for a ``.ptn``
 :class:`~pytest_ptn.backends.native.package.PtnFormatError`) or give back exactly the tensors and aliases the
 package holds; within the deadline, so unbounded work fails too.
 
@@ -32,10 +32,10 @@ import torch
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from pytest_ptn import zipdata
 from pytest_ptn.backends.native.package import SAFETENSORS_MEMBER
+from pytest_ptn.reference import zipdata
 from pytest_ptn.reference.package import ALIASES, BINDINGS, DATA, Package, read_package, write_zip
-from pytest_ptn.zipdata import PackageFormatError
+from pytest_ptn.reference.zipdata import PackageFormatError
 
 GOLDEN = Path(__file__).resolve().parent.parent / "fixtures" / "golden" / "linear_buffer.ptn"
 DEFAULT_EXAMPLES = 100

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ptn.__main__ import main
+from pytest_ptn.cli.main import main
 from pytest_ptn.reporting import render, results
 from pytest_ptn.reporting.matrix import build_matrix
 from pytest_ptn.ruleset import RULES, SPEC_VERSION

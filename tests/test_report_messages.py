@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from test_report import CONFTEST, make_run, run
 
-from pytest_ptn.__main__ import main
+from pytest_ptn.cli.main import main
 from pytest_ptn.reporting import render, results
 
 

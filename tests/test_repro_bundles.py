@@ -153,7 +153,7 @@ def test_a_bf16_bundle_keeps_the_float64_run_its_bound_is_made_from(tmp_path: Pa
     """Read back, every output of a bf16 program gets the bound the suite compared it with, eager's own
     rounding (the float64 run) included: without it a replay would hold the backend to the eps terms only."""
     from pytest_ptn.backends.reference import ReferenceBackend
-    from pytest_ptn.comparison import allowed
+    from pytest_ptn.instruments.comparison import allowed
 
     case = Case(ReferenceBackend(), BY_NAME["kv_cache_in_bf16"], lambda name: tmp_path / "lowered")
     (tmp_path / "lowered").mkdir()
@@ -183,7 +183,7 @@ def test_a_bf16_pte_bundle_replays_with_the_suites_bound(
 
     from pytest_ptn.backend import WIDE_RUN
     from pytest_ptn.backends.pte import PteBackend
-    from pytest_ptn.comparison import allowed
+    from pytest_ptn.instruments.comparison import allowed
 
     case = Case(PteBackend(), BY_NAME["shared_weight_in_bf16"], lambda name: tmp_path / "lowered")
     (tmp_path / "lowered").mkdir()

@@ -1,5 +1,5 @@
 """On hand-built tensors: the packaging planner (pytest_ptn.reference.planner, P1-P9) and the sharing cache
-(pytest_ptn.content, S1-S3, S6)."""
+(pytest_ptn.instruments.content, S1-S3, S6)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import weakref
 import pytest
 import torch
 
-from pytest_ptn import content
-from pytest_ptn.content import ContentKey, SharingCache, digest, same_content
+from pytest_ptn.instruments import content
+from pytest_ptn.instruments.content import ContentKey, SharingCache, digest, same_content
 from pytest_ptn.reference.planner import (
     STATE,
     ConstantUse,

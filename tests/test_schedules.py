@@ -93,7 +93,7 @@ def test_a_call_the_method_cannot_take_is_a_usage_error() -> None:
 
 def test_the_reference_loader_refuses_such_a_call(tmp_path) -> None:
     from pytest_ptn.backends.reference import ReferenceBackend
-    from pytest_ptn.programs.exported import CallRefused
+    from pytest_ptn.reference.inputs import CallRefused
 
     backend = ReferenceBackend()
     methods, _ = _kv_calls(torch.float32)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ptn.__main__ import main as ptn_cli
+from pytest_ptn.cli.main import main as ptn_cli
 from pytest_ptn.reporting import results
 from pytest_ptn.scheduling import shards
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ptn import skeleton
-from pytest_ptn.__main__ import main
+from pytest_ptn.cli import skeleton
+from pytest_ptn.cli.main import main
 from pytest_ptn.plugin import suite_path
 
 AS_WRITTEN = "        return super().bind(method, key, final)\n"

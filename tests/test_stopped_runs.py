@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ptn.__main__ import main as ptn_cli
+from pytest_ptn.cli.main import main as ptn_cli
 from pytest_ptn.reporting import render, results, stream
 from pytest_ptn.ruleset import SPEC_VERSION
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pytest_ptn import __main__, expectations
+from pytest_ptn import expectations
+from pytest_ptn.cli import main as cli
 from pytest_ptn.programs import zoo, zoo_models
 from pytest_ptn.programs.user import UserScenario
 
@@ -169,7 +170,7 @@ def test_zoo_is_opt_in_and_collected_without_building(
 
 
 def test_list_scenarios_shows_the_zoo(capsys: pytest.CaptureFixture[str]) -> None:
-    assert __main__.main(["list", "scenarios", "--json"]) == 0
+    assert cli.main(["list", "scenarios", "--json"]) == 0
     listed = {s["name"]: s["tags"] for s in json.loads(capsys.readouterr().out)}
     assert all(zoo.ZOO_TAG in listed[name] for name in zoo.BY_NAME)
 

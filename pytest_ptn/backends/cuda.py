@@ -43,8 +43,8 @@ class CudaLoaded(PteLoaded):
         return [t.cpu() for t in super().run(method, inputs)]
 
     def constant_memory(self) -> MemoryReading:
-        from pytest_ptn.isolation import run_isolated
-        from pytest_ptn.memory import DRIVER_PAGE
+        from pytest_ptn.instruments.isolation import run_isolated
+        from pytest_ptn.instruments.memory import DRIVER_PAGE
 
         lowered = self._lowered
         data = str(lowered.data_path) if lowered.data_path else None
@@ -96,7 +96,7 @@ def share_weights_across_methods() -> None:
 def _load_measured(path: str, data_path: str | None, methods: list[str]) -> tuple[int, str, str]:
     """In a fresh process: the peak GPU memory growth while loading every method, the probe's name and the
     counters read beside it."""
-    from pytest_ptn.memory import NvmlMemory
+    from pytest_ptn.instruments.memory import NvmlMemory
 
     share_weights_across_methods()
     probe = NvmlMemory()

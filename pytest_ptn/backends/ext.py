@@ -39,7 +39,7 @@ from pytest_ptn.backend import (
     package_version,
 )
 from pytest_ptn.backends.pte import PteLoaded, PteLowered, lower_to_pte
-from pytest_ptn.comparison import Tolerance
+from pytest_ptn.instruments.comparison import Tolerance
 
 if TYPE_CHECKING:
     import torch

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from executorch.runtime import Method, Program
     from torch.export import ExportedProgram
 
-    from pytest_ptn.programs.build import EagerCall
+    from pytest_ptn.backend import EagerCall
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,8 @@ class PteLowered(Lowered):
     def bundle_scripts(
         self, calls_file: str, files: dict[str, str], calls: Sequence[EagerCall]
     ) -> dict[str, str]:
-        return {pte_replay.SCRIPT: pte_replay.runtime_script(self, calls_file, files, calls)}
+        mutations = {name: m.input_mutations for name, m in self.methods.items()}
+        return {pte_replay.SCRIPT: pte_replay.runtime_script(mutations, calls_file, files, calls)}
 
 
 class PteLoaded(Loaded):

@@ -1,29 +1,32 @@
 """A ``.pte`` repro bundle's extra script: the calls replayed through ``executorch.runtime`` alone, one a
 line, which a C++ runtime engineer translates without reading pytest-ptn; only "equal" is pytest-ptn's
-(``pytest_ptn.comparison.equal``, the bound the suite compared with)."""
+(``pytest_ptn.instruments.comparison.equal``, the bound the suite compared with)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from pytest_ptn.backend import WIDE_RUN
 
 if TYPE_CHECKING:
-    from pytest_ptn.backends.pte import PteLowered
-    from pytest_ptn.programs.build import EagerCall
+    from pytest_ptn.backend import EagerCall
 
 SCRIPT = "runtime_calls.py"
 
 
 def runtime_script(
-    lowered: PteLowered, calls_file: str, files: dict[str, str], calls: Sequence[EagerCall]
+    input_mutations: Mapping[str, Mapping[int, int]],
+    calls_file: str,
+    files: dict[str, str],
+    calls: Sequence[EagerCall],
 ) -> str:
-    """The calls unrolled one a line, each method loaded on first use as the harness loads it."""
+    """The calls unrolled one a line, each method loaded on first use as the harness loads it;
+    ``input_mutations``: method -> output index -> the user input that output writes back."""
     data = f", data_path=HERE / {files['data_path']!r}" if "data_path" in files else ""
     lines = []
     for i, call in enumerate(calls):
-        mutations = lowered.methods[call.method].input_mutations
+        mutations = input_mutations[call.method]
         outputs = iter(range(len(call.outputs)))
         expected = [
             f"{i}/inputs_after/{mutations[o]}" if o in mutations else f"{i}/outputs/{next(outputs)}"
@@ -38,14 +41,14 @@ def runtime_script(
     return f'''"""The bundle's calls replayed through executorch.runtime alone, one call a line: what a C++
 runtime engineer translates (Runtime::get(), Program::load_method, Method::execute). A method that mutates
 an input returns it as an extra output, compared with the input eager left behind (`inputs_after`).
-"Equal" is the suite's bound (pytest_ptn.comparison): a bf16 or fp16 program's float64 eager run is stored
-under `{WIDE_RUN}/`.
+"Equal" is the suite's bound (pytest_ptn.instruments.comparison): a bf16 or fp16 program's float64 eager
+run is stored under `{WIDE_RUN}/`.
 """
 
 from pathlib import Path
 
 from executorch.runtime import Runtime
-from pytest_ptn.comparison import equal
+from pytest_ptn.instruments.comparison import equal
 from safetensors.torch import load_file
 
 HERE = Path(__file__).resolve().parent

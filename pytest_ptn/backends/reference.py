@@ -16,7 +16,7 @@ from pytest_ptn.backend import Availability, Backend, Capability, Lowered, packa
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
 
-    from pytest_ptn.content import SharingCache
+    from pytest_ptn.instruments.content import SharingCache
     from pytest_ptn.reference.loader import ReferenceLoaded, ReferenceLowered
     from pytest_ptn.reference.planner import ConstantUse, PackagePlan
 
@@ -34,7 +34,7 @@ class ReferenceBackend(Backend):
     def cache(self) -> SharingCache:
         """One cache per backend instance, shared by every program it loads (so S4 means something)."""
         if self._cache is None:
-            from pytest_ptn.content import SharingCache
+            from pytest_ptn.instruments.content import SharingCache
 
             self._cache = SharingCache()
         return self._cache
@@ -47,7 +47,8 @@ class ReferenceBackend(Backend):
         return Availability(True, versions={d: package_version(d) or "?" for d in ("torch", "safetensors")})
 
     def lower(self, programs: dict[str, ExportedProgram], workdir: Path) -> ReferenceLowered:
-        from pytest_ptn.programs.exported import DECLARED_RANGES, constants_of, functionalize, signature
+        from pytest_ptn.programs.exported import constants_of, functionalize, signature
+        from pytest_ptn.reference.inputs import DECLARED_RANGES
         from pytest_ptn.reference.loader import ReferenceLowered
         from pytest_ptn.reference.package import Package, write_package
 

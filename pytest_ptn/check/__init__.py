@@ -130,7 +130,7 @@ def _hazards(program: UserProgram, sequence: list) -> Hazards:
 def _refuse_calls(program: UserProgram, sequence: list, positions: list[int]) -> None:
     """ProgramFormError for a call the exported method cannot take (``positions``: each call's number as
     given, constant methods' calls counted)."""
-    from pytest_ptn.programs.exported import call_refusal, input_metas
+    from pytest_ptn.reference.inputs import call_refusal, input_metas
 
     inspected = program.inspected()
     for i, (name, args) in zip(positions, sequence, strict=True):
@@ -235,7 +235,7 @@ class Judge:
         delegate's is process-wide, by name) hands the method alone the same wrong tensor."""
         import torch
 
-        from pytest_ptn.comparison import equal
+        from pytest_ptn.instruments.comparison import equal
 
         if not differing:
             return findings, []

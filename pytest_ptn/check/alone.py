@@ -21,7 +21,7 @@ import torch
 from torch.export import ExportedProgram
 
 from pytest_ptn.backend import Backend, Loaded, one_line
-from pytest_ptn.content import digest
+from pytest_ptn.instruments.content import digest
 from pytest_ptn.programs.stateless import Stateless, stateless
 
 

@@ -64,8 +64,8 @@ def compare(
     computed_in: torch.dtype | None = None,
 ) -> Finding | None:
     """A finding when ``have`` is missing or differs from ``want`` (``wide``: eager's float64 counterpart
-    for a reduced-precision program, pytest_ptn.comparison; ``computed_in``: a coarser dtype the backend
-    declares it computes float32 in)."""
+    for a reduced-precision program, pytest_ptn.instruments.comparison; ``computed_in``: a coarser dtype the
+    backend declares it computes float32 in)."""
     if not isinstance(have, torch.Tensor):
         return Finding(rule, stage, f"{what} is missing", method, call)
     if have.shape != want.shape:

@@ -11,7 +11,7 @@ import torch
 
 from pytest_ptn.check.execution import Call, flat
 from pytest_ptn.check.findings import Difference, Finding, Stage
-from pytest_ptn.content import digest
+from pytest_ptn.instruments.content import digest
 from pytest_ptn.programs.exported import constants_of, mutable_keys
 from pytest_ptn.programs.source import UserProgram, exported_eager, find_tensor, set_tensor
 

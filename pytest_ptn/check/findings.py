@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     import torch
 
     from pytest_ptn.check.hazards import Hazards
-    from pytest_ptn.comparison import Tolerance
+    from pytest_ptn.instruments.comparison import Tolerance
 
 SHOWN_ELEMENTS = 3
 """How many differing elements a finding lists."""
@@ -40,7 +40,7 @@ class Difference:
     first: tuple[tuple[tuple[int, ...], float, float], ...]
     """The first differing elements: (index, backend's value, eager value)."""
     snr_db: float = math.inf
-    """Signal-to-noise ratio against eager, in dB (pytest_ptn.comparison.snr_db)."""
+    """Signal-to-noise ratio against eager, in dB (pytest_ptn.instruments.comparison.snr_db)."""
 
     @classmethod
     def between(
@@ -51,12 +51,12 @@ class Difference:
         tolerance: Tolerance | None = None,
         computed_in: torch.dtype | None = None,
     ) -> Difference | None:
-        """None when ``have`` equals ``want`` within the bound of pytest_ptn.comparison (same shape
-        required; ``wide``: eager's float64 counterpart of a reduced-precision ``want``; ``tolerance`` and
-        ``computed_in`` as the backend declares them)."""
+        """None when ``have`` equals ``want`` within the bound of pytest_ptn.instruments.comparison (same
+        shape required; ``wide``: eager's float64 counterpart of a reduced-precision ``want``; ``tolerance``
+        and ``computed_in`` as the backend declares them)."""
         import torch
 
-        from pytest_ptn.comparison import FLOOR, close, snr_db
+        from pytest_ptn.instruments.comparison import FLOOR, close, snr_db
 
         ok = close(have, want, wide, tolerance, computed_in)
         if bool(ok.all()):

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from torch.export import ExportedProgram
 
-from pytest_ptn.content import digest
+from pytest_ptn.instruments.content import digest
 from pytest_ptn.programs.exported import constants_of, mutable_keys
 from pytest_ptn.ruleset import RULES
 

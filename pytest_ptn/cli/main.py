@@ -19,8 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pytest_ptn import DISTRIBUTION, __version__, expectations, expectations_update, inventory, skeleton
+from pytest_ptn import DISTRIBUTION, __version__, expectations
 from pytest_ptn.backend import BackendError
+from pytest_ptn.cli import expectations_update, inventory, skeleton
 from pytest_ptn.reporting import matrix, render, results, stream
 from pytest_ptn.ruleset import SPEC_VERSION
 
@@ -174,7 +175,3 @@ def _new_backend(args: argparse.Namespace) -> int:
     root = written[0].parent
     print(f"next: cd {root} && pip install -e . && pytest")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

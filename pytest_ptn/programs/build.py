@@ -7,12 +7,13 @@ programs it lowers, so an ExportedProgram is good for one lowering only.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 from torch import nn
 
-from pytest_ptn.comparison import reduced_precision
+from pytest_ptn.backend import EagerCall
+from pytest_ptn.instruments.comparison import reduced_precision
 from pytest_ptn.programs.export_forms import EXPORT_FORMS
 from pytest_ptn.spec import SHARED, Constant, Method, ProgramSpec
 
@@ -196,28 +197,6 @@ def export_key(spec: ProgramSpec, method: Method) -> tuple[str | None, tuple[str
     )
     fqns = tuple(f"{root}.{c.name}" for root in roots for c in spec.shared) + tuple(c.name for c in own)
     return repr(key), fqns
-
-
-@dataclass
-class EagerCall:
-    """What eager PyTorch did on one call of the sequence."""
-
-    method: str
-    inputs: tuple[torch.Tensor, ...]
-    outputs: list[torch.Tensor]
-    inputs_after: tuple[torch.Tensor, ...]
-    state_after: dict[str, torch.Tensor]
-    wide: EagerCall | None = None
-    """The same call when eager runs the program widened to float64, for a reduced-precision program: how
-    far eager's own rounding moves each value (pytest_ptn.comparison); None where it cannot move it."""
-
-    def output_bounds(self) -> list[torch.Tensor | None]:
-        """Each output's float64 counterpart for the comparison, or None."""
-        return [None] * len(self.outputs) if self.wide is None else list(self.wide.outputs)
-
-    def widened(self, key: str) -> torch.Tensor | None:
-        """State ``key`` after this call in the float64 run, or None."""
-        return None if self.wide is None else self.wide.state_after.get(key)
 
 
 class Program:

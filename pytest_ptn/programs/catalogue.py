@@ -509,7 +509,7 @@ def _computed_in(dtype: str, suffix: str, calls: tuple[str, ...] = ()) -> Callab
             calls=calls or s.spec.calls,
         )
         doc = f"{s.doc} Computed in {dtype}, its named constants suffixed `_{suffix}`: compared as {dtype} "
-        doc += "results are (pytest_ptn.comparison)."
+        doc += "results are (pytest_ptn.instruments.comparison)."
         if calls:
             doc += f" Calls: {', '.join(calls)}."
         tags = s.tags | {"reduced_precision"}

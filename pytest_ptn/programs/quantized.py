@@ -18,8 +18,9 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
-from pytest_ptn.comparison import Tolerance, close
-from pytest_ptn.programs.build import EagerCall, Program
+from pytest_ptn.backend import EagerCall
+from pytest_ptn.instruments.comparison import Tolerance, close
+from pytest_ptn.programs.build import Program
 from pytest_ptn.programs.source import find_tensor, set_tensor, tie_state
 
 Quantize = Callable[[nn.Module, tuple[torch.Tensor, ...]], nn.Module]

@@ -28,7 +28,7 @@ from torch import nn
 from torch.export import ExportedProgram
 from torch.utils import _pytree as pytree
 
-from pytest_ptn.comparison import reduced_precision
+from pytest_ptn.instruments.comparison import reduced_precision
 from pytest_ptn.programs.exported import constants_of, functionalize, mutable_keys, specs_kept
 from pytest_ptn.reference.planner import StateConflictError, shared_state
 
@@ -215,7 +215,7 @@ class UserProgram:
         across methods, as the rules define the program (one ``state/k``), also where methods were built
         separately; StateConflictError if their initial values differ (see conflict). ``widen``: every
         floating parameter and buffer converted to that dtype (the same values, exactly), to measure eager's
-        own rounding (pytest_ptn.comparison)."""
+        own rounding (pytest_ptn.instruments.comparison)."""
         conflict = self.conflict
         if conflict is not None:
             raise StateConflictError(str(conflict), conflict.methods, conflict.keys)
@@ -233,7 +233,7 @@ class UserProgram:
 
     def wide_eager(self) -> dict[str, nn.Module] | None:
         """A fresh eager copy widened to float64 for a reduced-precision program (to bound its rounding,
-        pytest_ptn.comparison), None for one in float32 or wider."""
+        pytest_ptn.instruments.comparison), None for one in float32 or wider."""
         return self.eager(torch.float64) if self.reduced_precision else None
 
     @cached_property

@@ -26,7 +26,7 @@ from torch.export import ExportedProgram, ModuleCallEntry, ModuleCallSignature
 from torch.export.graph_signature import ExportGraphSignature, InputKind, OutputKind
 from torch.utils import _pytree as pytree
 
-from pytest_ptn.content import digest
+from pytest_ptn.instruments.content import digest
 from pytest_ptn.programs.exported import call_graph_copy, private_copy
 
 

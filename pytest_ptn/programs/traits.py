@@ -7,7 +7,7 @@ from __future__ import annotations
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 
-from pytest_ptn.content import digest
+from pytest_ptn.instruments.content import digest
 from pytest_ptn.programs.exported import constants_of, mutable_keys
 
 Content = tuple[str, str]

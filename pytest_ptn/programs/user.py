@@ -16,7 +16,7 @@ from torch.export import ExportedProgram
 from torch.utils import _pytree as pytree
 
 from pytest_ptn import upstream_noise
-from pytest_ptn.programs.build import EagerCall
+from pytest_ptn.backend import EagerCall
 from pytest_ptn.programs.exported import mutable_keys
 from pytest_ptn.programs.source import (
     Inputs,

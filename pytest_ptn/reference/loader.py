@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from pytest_ptn.backend import Loaded, Lowered, MemoryReading, PackageView
-from pytest_ptn.content import SharingCache
-from pytest_ptn.programs.exported import DECLARED_RANGES, CallRefused, InputMeta, call_refusal
+from pytest_ptn.instruments.content import SharingCache
+from pytest_ptn.reference.inputs import DECLARED_RANGES, CallRefused, InputMeta, call_refusal
 from pytest_ptn.reference.package import Package, read_package, view
 from pytest_ptn.reference.planner import STATE
 

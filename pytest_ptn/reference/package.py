@@ -5,8 +5,8 @@ Layout: ``data.safetensors`` (owners and state), ``aliases.json`` (alias -> owne
 and renamed, so a failed save leaves an existing package intact (P10), and the temporary a killed save
 left behind is removed by a later save into the folder; members are sorted and timestamps
 fixed, so the same plan gives the same bytes (P9). Reading validates everything it trusts through
-:mod:`pytest_ptn.zipdata` and checks the bindings, so a damaged package raises
-:class:`~pytest_ptn.zipdata.PackageFormatError` (X2).
+:mod:`pytest_ptn.reference.zipdata` and checks the bindings, so a damaged package raises
+:class:`~pytest_ptn.reference.zipdata.PackageFormatError` (X2).
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from typing import Any
 
 import torch
 
-from pytest_ptn import zipdata
 from pytest_ptn.backend import Entry, PackageView, Reference
-from pytest_ptn.content import tensor_bytes
-from pytest_ptn.zipdata import PackageFormatError
+from pytest_ptn.instruments.content import tensor_bytes
+from pytest_ptn.reference import zipdata
+from pytest_ptn.reference.zipdata import PackageFormatError
 
 DATA = "data.safetensors"
 ALIASES = "aliases.json"

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pytest_ptn.content import memoized_digest
+from pytest_ptn.instruments.content import memoized_digest
 
 STATE = "state"
 """The reserved namespace of mutable keys (P2, P6)."""

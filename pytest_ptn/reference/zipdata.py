@@ -427,7 +427,7 @@ def read_safetensors(
     """
     import torch
 
-    from pytest_ptn.content import host_memory
+    from pytest_ptn.instruments.content import host_memory
 
     where = info.filename
     size = info.file_size  # already bounded by the archive size (stored, span checked)

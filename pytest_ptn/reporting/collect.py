@@ -40,7 +40,6 @@ from typing import Any
 
 import pytest
 
-from pytest_ptn import stopping
 from pytest_ptn.reporting import render, results, stream
 from pytest_ptn.ruleset import (
     MUST,
@@ -50,6 +49,7 @@ from pytest_ptn.ruleset import (
     SPEC_VERSION,
     is_strict_xpass,
 )
+from pytest_ptn.run import stopping
 from pytest_ptn.scheduling import shards
 
 NO_BACKEND = "(no backend)"

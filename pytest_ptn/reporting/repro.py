@@ -29,13 +29,12 @@ import pytest
 
 from pytest_ptn.backend import WIDE_RUN
 from pytest_ptn.harness import Case
-from pytest_ptn.session import FAILING_PROGRAM, RUN_STATE
+from pytest_ptn.run.state import FAILING_PROGRAM, RUN_STATE
 
 if TYPE_CHECKING:
     import torch
 
-    from pytest_ptn.backend import Lowered
-    from pytest_ptn.programs.build import EagerCall
+    from pytest_ptn.backend import EagerCall, Lowered
     from pytest_ptn.spec import ProgramSpec
 
 OPTION = "--ptn-repro"
@@ -170,7 +169,7 @@ def copy_artifact(lowered: Lowered, into: Path) -> dict[str, str]:
 def write_calls(path: Path, calls: list[EagerCall]) -> None:
     """Each call's tensors as ``<call>/<field>/<index>`` (``<fqn>`` for ``state_after``), the method names
     in the metadata; a reduced-precision program's float64 run (EagerCall.wide) under ``WIDE_RUN/``, so that a
-    replay compares with the bound the suite used (pytest_ptn.comparison)."""
+    replay compares with the bound the suite used (pytest_ptn.instruments.comparison)."""
     from safetensors.torch import save_file
 
     tensors = {}
@@ -195,7 +194,7 @@ def read_calls(path: Path) -> list[EagerCall]:
     from safetensors import safe_open
     from safetensors.torch import load_file
 
-    from pytest_ptn.programs.build import EagerCall
+    from pytest_ptn.backend import EagerCall
 
     with safe_open(path, "pt") as f:
         methods = json.loads(f.metadata()["methods"])

@@ -7,7 +7,6 @@ with nothing but Python.
 from __future__ import annotations
 
 import json
-import re
 import reprlib
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_ptn.ruleset import LEVELS, RULES
+from pytest_ptn.scheduling.shards import SHARD_FORMAT
 
 SCHEMA = "pytest-ptn/results"
 SCHEMA_VERSION = 1
@@ -46,9 +46,6 @@ UNKNOWN_RULE = "?"
 """The rule of a test that failed without ptn properties (a crash or internal error report): counted as a MUST
 failure so that no failed test is left out of the matrix."""
 UNKNOWN_RULE_TITLE = "rules unknown: a test failed"
-
-SHARD_FORMAT = re.compile(r"([1-9][0-9]*)/([1-9][0-9]*)")
-"""``K/N`` of ``--ptn-shard``, as results.json records it."""
 
 MAX_REASON_LINES = 40
 MAX_REASON_CHARS = 4000

@@ -14,18 +14,20 @@ where none is found it is a usage error, never a silent ``1/1`` that would run t
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from pytest_ptn.reporting.results import SHARD_FORMAT
+from pytest_ptn.run.state import RUN_STATE
 from pytest_ptn.scheduling import workers
-from pytest_ptn.session import RUN_STATE
 
 OPTION = "--ptn-shard"
 AUTO = "auto"
+SHARD_FORMAT = re.compile(r"([1-9][0-9]*)/([1-9][0-9]*)")
+"""``K/N`` of ``--ptn-shard``, as results.json records it."""
 K8S_TOTAL = "PTN_SHARD_TOTAL"
 """The shard count of a Kubernetes Indexed Job, which gives each pod only its index: set it to the Job's
 ``completions``."""

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from pytest_ptn.ruleset import WAITS_FOR_CLOCK
+from pytest_ptn.run.state import RunState
 from pytest_ptn.scheduling import crashes, hangs
-from pytest_ptn.session import RunState
 
 UNAVAILABLE = "unavailable.txt"
 """In the run folder: why a requested backend cannot run, as a worker found when it loaded its runtime."""

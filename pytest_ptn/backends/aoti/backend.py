@@ -44,14 +44,14 @@ from pytest_ptn.backend import (
     MemoryReading,
     package_version,
 )
-from pytest_ptn.memory import MallocMemory, MemoryProbe, NvmlMemory
+from pytest_ptn.instruments.memory import MallocMemory, MemoryProbe, NvmlMemory
 
 if TYPE_CHECKING:
     import torch
     from torch.export import ExportedProgram
 
     from pytest_ptn.backends.aoti.cache import CompiledMethod, Runner
-    from pytest_ptn.content import SharingCache
+    from pytest_ptn.instruments.content import SharingCache
 
 
 def _compiler() -> str | None:
@@ -100,7 +100,7 @@ class AotiBackend(Backend):
     def cache(self) -> SharingCache:
         """One cache per backend instance, shared by every program it loads (so S4 means something)."""
         if self._cache is None:
-            from pytest_ptn.content import SharingCache
+            from pytest_ptn.instruments.content import SharingCache
 
             self._cache = SharingCache()
         return self._cache
@@ -298,7 +298,7 @@ def _same_metadata(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def _check_state(programs: dict[str, ExportedProgram], mutable: set[str]) -> None:
     """One tensor backs a mutated FQN in every method, so the methods must agree on its initial value."""
-    from pytest_ptn.content import ContentKey
+    from pytest_ptn.instruments.content import ContentKey
     from pytest_ptn.programs.exported import constants_of
     from pytest_ptn.reference.planner import StateConflictError
 

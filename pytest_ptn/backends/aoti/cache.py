@@ -49,7 +49,7 @@ from torch.export.graph_signature import InputKind
 from torch.utils import _pytree as pytree
 
 from pytest_ptn.backends.aoti.objects import wrapper_objects
-from pytest_ptn.content import ContentKey, digest, host_memory, tensor_bytes
+from pytest_ptn.instruments.content import ContentKey, digest, host_memory, tensor_bytes
 from pytest_ptn.programs.exported import constants_of
 
 CACHE_ENV = "PTN_AOTI_CACHE"

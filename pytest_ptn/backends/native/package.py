@@ -8,14 +8,14 @@ A ``.ptn`` (written by ``executorch.exir.native.to_native(ep).save(path)``, i.e.
     aliases.json          ``{alias: owner}``, only when content dedupe made aliases
 
 :func:`read_ptn` checks every size it is about to trust *before* allocating for it, with the
-format-independent checks of :mod:`pytest_ptn.zipdata`: the zip central directory (member spans must
+format-independent checks of :mod:`pytest_ptn.reference.zipdata`: the zip central directory (member spans must
 lie inside the archive, members must be stored uncompressed, so a member can never inflate past the
 archive's size), the 8-byte safetensors header length (against the member size and a cap), each
 tensor's dtype, shape and data offsets (against the data section), and the alias map. Only then are the
 tensors materialized (each read straight from the member into its own storage) and the program
 deserialized (with executorch's own deserializer). Every problem raises :class:`PtnFormatError` (a
-:class:`~pytest_ptn.zipdata.PackageFormatError`), whose message names the package path, what is wrong
-and the member/key involved.
+:class:`~pytest_ptn.reference.zipdata.PackageFormatError`), whose message names the package path, what is
+wrong and the member/key involved.
 
 Importing this module needs neither torch nor executorch.
 """
@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pytest_ptn import zipdata
-from pytest_ptn.zipdata import (
+from pytest_ptn.reference import zipdata
+from pytest_ptn.reference.zipdata import (
     ALIASES_MEMBER,
     MAX_ALIASES_BYTES,
     MAX_HEADER_BYTES,

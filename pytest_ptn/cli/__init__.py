@@ -1,0 +1,1 @@
+"""``python -m pytest_ptn``: the verbs run outside a pytest run (list, report, expectations, new-backend)."""
