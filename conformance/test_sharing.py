@@ -75,7 +75,7 @@ def test_two_programs_in_one_process_do_not_leak(
     fail_on(ptn_case.run_sequence(first), "first program differs from eager")
     other = ptn_case.program.with_other_values()
     lowered = ptn_case.backend.lower(other.export(), tmp_path_factory.mktemp("other"))
-    second = ptn_case.backend.load(lowered)
+    second = ptn_case.loader.load(lowered)  # the instance the first program loaded through
     mismatches = []
     for i, call in enumerate(other.eager()):
         got = second.run(call.method, [t.clone() for t in call.inputs])

@@ -158,10 +158,18 @@ class Case:
         a repro bundle copies the artifact the failing test loaded."""
         return self._cache.lowered.get((id(self.backend), self.scenario.name))
 
+    @cached_property
+    def loader(self) -> Backend:
+        """The backend instance this test loads through: one of its own, so that what a loader keeps as long
+        as its backend object lives (a by-name constant cache, as the ExecuTorch CUDA delegate keeps one for
+        its process) carries no other test's programs into this one's verdict, whatever ran before it on the
+        worker. A test that loads two programs (S4) loads both through it."""
+        return type(self.backend)()
+
     def load(self) -> Loaded:
         lowered = self.lower()
         self._enter("loading")
-        return self.backend.load(lowered)
+        return self.loader.load(lowered)
 
     def eager(self) -> list[EagerCall]:
         return self.program.eager()

@@ -370,6 +370,32 @@ class ProcessWideByName(_WithLoader):
     loaded = _ProcessWideLoaded
 
 
+class _InstanceWideLoaded(ReferenceLoaded):
+    def bind(self, method: str, key: str, final: str) -> torch.Tensor:
+        cache = self.__dict__["by_name"]
+        if final not in cache:
+            cache[final] = super().bind(method, key, final)
+        return cache[final]
+
+
+class InstanceWideByName(_WithLoader):
+    """S4 as the ExecuTorch CUDA delegate breaks it: a cache keyed by name, as long-lived as its backend
+    object (one per process there) and never cleared: every later program reads the first one's constants."""
+
+    name = "broken-s4-instance"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_name: dict[str, torch.Tensor] = {}
+
+    def load(self, lowered: Lowered) -> ReferenceLoaded:
+        loaded = super().load(lowered)
+        loaded.__dict__["by_name"] = self.by_name
+        return loaded
+
+    loaded = _InstanceWideLoaded
+
+
 class _OrderedLoaded(ReferenceLoaded):
     """Shares only with methods that loaded earlier and sort before the current one."""
 

@@ -44,3 +44,23 @@ def test_suite_catches_broken_variant(rule: str, pytester: pytest.Pytester, warm
         assert outcomes.get("failed", 0) > 0, (
             f"{variant.__name__} breaks {rule} but the suite passed: {outcomes}"
         )
+
+
+def test_a_cache_as_long_lived_as_its_backend_fails_s4_never_a_later_case(
+    pytester: pytest.Pytester, warm_torch: None
+) -> None:
+    """Each test loads through a backend instance of its own (Case.loader): a by-name cache held by the
+    backend object (upstream's CUDA delegate holds one per process) is caught by S4, its two programs loaded
+    through one instance, while every other case's verdict is its own, whatever ran before it."""
+    result = pytester.runpytest_inprocess(
+        str(suite_path()),
+        "--ptn-backend=broken_backends:InstanceWideByName",
+        "-m",
+        "E1 or S4",
+        "-k",
+        "not in_bf16 and not in_fp16 and not fuzz",
+        "-p",
+        "no:cacheprovider",
+    )
+    failed = [line for line in result.outlines if line.startswith("FAILED")]
+    assert failed and all("test_two_programs_in_one_process_do_not_leak" in line for line in failed), failed

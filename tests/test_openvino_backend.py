@@ -85,22 +85,26 @@ class Bf16Cpu(RoundsToBf16):
         return ReducedPrecision("bfloat16", BF16_CPU)
 
 
+class Bf16CpuByName(Bf16Cpu):
+    """Declared, and methods read each other's tensors too."""
+
+    loaded = _KeyedByNameRoundedToBf16
+
+
 def _case(backend: BindsByKey, tmp_path: Path) -> Case:
     return Case(backend, BY_NAME["same_metadata_different_bytes"], lambda name: tmp_path)
 
 
 @pytest.mark.parametrize(
-    ("loaded", "isolation"),
-    [(_RoundedToBf16, []), (_KeyedByNameRoundedToBf16, [f"it read method 'prefill''s 'weight'; {BF16_CPU}"])],
+    ("backend", "isolation"),
+    [(Bf16Cpu, []), (Bf16CpuByName, [f"it read method 'prefill''s 'weight'; {BF16_CPU}"])],
 )
 def test_a_declared_bf16_precision_is_the_bound_of_both_questions(
-    tmp_path: Path, loaded: type[ReferenceLoaded], isolation: list[str]
+    tmp_path: Path, backend: type[Bf16Cpu], isolation: list[str]
 ) -> None:
     """A float32 program the backend declares it computes in bf16 agrees with eager within bf16 rounding, on
     any CPU: no isolation and no accuracy finding; another method's tensor is still E1, labelled."""
-    backend = Bf16Cpu()
-    backend.loaded = loaded
-    case = _case(backend, tmp_path)
+    case = _case(backend(), tmp_path)
     mismatches = [str(m) for m in case.run_sequence(case.load())]
     assert len(mismatches) == len(isolation), mismatches
     for mismatch, label in zip(mismatches, isolation, strict=True):

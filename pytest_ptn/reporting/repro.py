@@ -267,18 +267,18 @@ def replay(case: Case, lowered: Lowered, calls: list[EagerCall]) -> list[str]:
     from pytest_ptn.backend import Capability
 
     lines: list[str] = []
-    mismatches = case.run_sequence(case.backend.load(lowered), calls)
+    mismatches = case.run_sequence(case.loader.load(lowered), calls)
     if mismatches:
         lines += ["outputs differ from eager:", *(f"  {m}" for m in mismatches)]
     names = list(case.program.method_names)
-    backward = case.backend.load(lowered)
+    backward = case.loader.load(lowered)
     for method in reversed(names):
         backward.load_method(method)
     if Capability.STORAGE in case.backend.capabilities:
         from pytest_ptn.check.storage import partition, storage_findings, topology
 
         programs = case.exported()
-        forward = case.backend.load(lowered)
+        forward = case.loader.load(lowered)
         for method in names:
             forward.load_method(method)
         storages = topology(forward, programs)
