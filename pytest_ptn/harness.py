@@ -309,7 +309,7 @@ class Case:
         """What a faulty binding gives for each call of ``wrong`` it accounts for (check.explain); nothing
         for a quantized program, whose own ``_read_elsewhere`` says whose constant it read."""
         from pytest_ptn.check.alone import identity
-        from pytest_ptn.check.explain import eager_base, explanations, faulty_replays
+        from pytest_ptn.check.explain import explanations, faulty_replays
         from pytest_ptn.programs.quantized import QuantizedProgram
 
         if isinstance(self.program, QuantizedProgram):
@@ -318,9 +318,7 @@ class Case:
         key = (self.scenario.name, *((m, *map(identity, args)) for m, args in sequence))
         replays = self._cache.replays
         if key not in replays:  # the same for every test of the case that runs this sequence
-            replays[key] = faulty_replays(
-                eager_base(self.program.export(), self.exported()), self.exported(), sequence
-            )
+            replays[key] = faulty_replays(self.program.export(), set(self.program.state_fqns()), sequence)
         return explanations(replays[key], [r.outputs for r in ran], wrong)
 
     def accuracy(self) -> list[Mismatch]:

@@ -14,6 +14,7 @@ from pytest_ptn.check.findings import Difference, Finding, Stage
 from pytest_ptn.instruments.content import digest
 from pytest_ptn.programs.exported import constants_of, mutable_keys
 from pytest_ptn.programs.source import UserProgram, exported_eager, find_tensor, set_tensor
+from pytest_ptn.reference.planner import ConstantUse
 
 Modules = dict[str, torch.nn.Module]
 
@@ -36,8 +37,7 @@ def explain(
     }
     if not wrong:
         return findings
-    programs = program.inspected()
-    replays = faulty_replays(eager_base(program.export(), programs), programs, sequence)
+    replays = faulty_replays(program.export(), mutable_keys(program.inspected()), sequence)
     explained = explanations(replays, returned, wrong)
     return [
         dataclasses.replace(f, explanation=explained[f.call])
@@ -45,14 +45,6 @@ def explain(
         else f
         for f in findings
     ]
-
-
-def eager_base(
-    fresh: Mapping[str, torch.export.ExportedProgram], programs: Mapping[str, torch.export.ExportedProgram]
-) -> Modules:
-    """The program as eager modules to bind faulty ways (``fresh``: new exports, ``programs``: their
-    functional form): each binding replays a deep copy, so one base serves every explanation of a case."""
-    return exported_eager(fresh, mutable_keys(dict(programs)))
 
 
 Replays = list[tuple[str, list[list[torch.Tensor]]]]
@@ -73,12 +65,17 @@ def explanations(
 
 
 def faulty_replays(
-    base: Modules, programs: Mapping[str, torch.export.ExportedProgram], sequence: Sequence[Call]
+    fresh: Mapping[str, torch.export.ExportedProgram], mutable: set[str], sequence: Sequence[Call]
 ) -> Replays:
-    """The sequence replayed on ``base`` bound each faulty way a loader binds (a binding the program cannot
-    run with explains nothing): what a backend's wrong outputs are matched against."""
+    """The sequence replayed on the program bound each faulty way a loader binds (a binding the program
+    cannot run with explains nothing): what a backend's wrong outputs are matched against. ``fresh``: new
+    exports (their eager modules are the base every binding copies), ``mutable``: the keys of the buffers
+    some method writes. The exports need not be functional: a binding reads their constants, and the keys
+    it binds are the eager modules' own."""
+    base = exported_eager(fresh, mutable)
+    constants = {m: constants_of(ep) for m, ep in fresh.items()}
     out = []
-    for label, modules in _faulty_bindings(base, programs, {name for name, _ in sequence}):
+    for label, modules in _faulty_bindings(base, constants, mutable, {name for name, _ in sequence}):
         try:
             out.append((label, _replay(modules, sequence)))
         except Exception:
@@ -87,13 +84,11 @@ def faulty_replays(
 
 
 def _faulty_bindings(
-    base: Modules, programs: Mapping[str, torch.export.ExportedProgram], methods: set[str]
+    base: Modules, constants: Mapping[str, Mapping[str, ConstantUse]], mutable: set[str], methods: set[str]
 ) -> Iterator[tuple[str, Modules]]:
     """(what it would give, the program bound that way): another method's same-named constant, a private
     copy of shared state, two same-shape buffers in one memory, state that starts zero-filled (its initial
     value lost, as a non-persistent buffer's is when a lowering ships no data for it)."""
-    constants = {m: constants_of(ep) for m, ep in programs.items()}
-    mutable = mutable_keys(dict(programs))
     for method in sorted(methods):
         for key, use in constants[method].items():
             if key in mutable:
@@ -102,14 +97,13 @@ def _faulty_bindings(
                 t = theirs[key].tensor if other != method and key in theirs else None
                 if (
                     t is not None
+                    and _plain(t)
+                    and _plain(use.tensor)
                     and (t.shape, t.dtype) == (use.tensor.shape, use.tensor.dtype)
                     and digest(t) != digest(use.tensor)
                 ):
                     modules = copy.deepcopy(base)
-                    try:
-                        set_tensor(modules[method], key, t.clone())
-                    except AttributeError:  # a key export minted with no attribute of its own (a
-                        continue  # parametrization's '...parametrizations.weight.original'): explains nothing
+                    set_tensor(modules[method], key, t.clone())
                     yield f"what method {other!r}'s {key!r} would give", modules
         for key in sorted(mutable & set(constants[method])):
             if any(key in theirs for other, theirs in constants.items() if other != method):
@@ -141,6 +135,12 @@ def _faulty_bindings(
                 for t in zeroed:
                     t.zero_()
             yield f"what {key!r} starting zero-filled would give", modules
+
+
+def _plain(t: torch.Tensor) -> bool:
+    """A tensor of PyTorch's own, not a subclass (torchao's Int8Tensor weight, which has no bytes of its
+    own to compare, and whose binding a loader never sees: lowering flattens it into plain tensors)."""
+    return type(t) in (torch.Tensor, torch.nn.Parameter)
 
 
 def _replay(modules: Modules, sequence: Sequence[Call]) -> list[list[torch.Tensor]]:
