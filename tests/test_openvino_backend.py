@@ -38,7 +38,7 @@ BF16_CPU = "OpenVINO CPU computes float32 programs in bf16 (INFERENCE_PRECISION_
 
 @pytest.fixture
 def bf16_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A CPU with AVX512_BF16, on which OpenVINO's CPU plugin defaults to bf16 (faked, whatever this CPU has)."""
+    """A CPU with AVX512_BF16, where OpenVINO's CPU plugin defaults to bf16 (faked, whatever this CPU has)."""
     monkeypatch.setattr(openvino, "cpu_inference_precision", lambda: "bf16")
     monkeypatch.setattr(openvino, "bf16_flags", lambda: ["avx512_bf16"])
 
