@@ -22,6 +22,9 @@ from pytest_ptn.reporting.results import FAIL, XPASS, Result, rule_sort_key
 from pytest_ptn.ruleset import STRICT_XPASS_PREFIX
 
 BY_NAME = "constants shared by name"
+PRIVATE_STATE = "state copied per method"
+ZERO_STATE = "state starts zero-filled"
+ONE_MEMORY = "buffers in one memory"
 SHARES_DIFFERING = "different constants share storage"
 NOT_SHARED = "identical constants not shared"
 MEMORY = "memory penalty"
@@ -36,6 +39,34 @@ SYMPTOM = "symptom"
 _READ_OTHER = re.compile(
     r"call #\d+ (?P<method>[^\s(]+)\(\).*?it read method '(?P<owner>[^']*)''s '(?P<key>[^']*)'"
 )
+_MECHANISMS = (
+    (
+        re.compile(r"it equals what a private copy of '(?P<key>[^']*)' would give"),
+        PRIVATE_STATE,
+        "each method gets a private copy of the state the program shares: a write by one method is not seen "
+        "by the others (e.g. {key!r})",
+    ),
+    (
+        re.compile(r"it equals what '(?P<key>[^']*)' starting zero-filled would give"),
+        ZERO_STATE,
+        "state starts zero-filled, not from its initial value: the lowering ships no data for it "
+        "(e.g. {key!r})",
+    ),
+    (
+        re.compile(
+            r"it equals what buffers '(?P<key>[^']*)' and '(?P<other>[^']*)' in one memory would give"
+        ),
+        ONE_MEMORY,
+        "two buffers live in one memory: a write to one changes the other (e.g. {key!r} and {other!r})",
+    ),
+)
+"""What a faulty-binding replay (pytest_ptn.check.explain) says a wrong value equals: one mechanism each,
+whatever the scenario, dtype or call; a test that shows several is the cause it shows first."""
+_EQUALS_OTHER = re.compile(
+    r"call #\d+ (?P<method>[^\s(]+)\(\).*?it equals what method '(?P<owner>[^']*)''s '(?P<key>[^']*)' "
+    r"would give"
+)
+"""A faulty-binding replay's word for the same defect as ``_READ_OTHER``'s."""
 _SHARED = re.compile(
     r"method '(?P<method>[^']*)': key '(?P<key>[^']*)' shares storage with method '(?P<owner>[^']*)''s "
     r"'(?P<owner_key>[^']*)', other bytes"
@@ -139,7 +170,7 @@ def evidence_of(result: Result) -> Evidence:
     text = result.reason
     if result.outcome == XPASS or text.startswith(STRICT_XPASS_PREFIX):
         return Evidence(STALE, (STALE,), "known failures now pass: remove their stale expectation entries")
-    read = _READ_OTHER.search(text)
+    read = _READ_OTHER.search(text) or _EQUALS_OTHER.search(text)
     if read:
         return Evidence(
             BY_NAME,
@@ -147,6 +178,10 @@ def evidence_of(result: Result) -> Evidence:
             f"the loader binds constants by name across methods: method {read['method']!r} read method "
             f"{read['owner']!r}'s {read['key']!r}, another tensor of that name",
         )
+    mechanisms = [(m, kind, said) for pattern, kind, said in _MECHANISMS if (m := pattern.search(text))]
+    if mechanisms:
+        m, kind, said = min(mechanisms, key=lambda found: found[0].start())
+        return Evidence(kind, (kind,), said.format(**m.groupdict()))
     shared = _SHARED.search(text)
     if shared and shared["key"] == shared["owner_key"]:
         return Evidence(
