@@ -208,8 +208,8 @@ class Case:
         return out
 
     def alone(self) -> MethodsAlone:
-        """Each method of this case lowered alone by a new instance of its backend's class (loader caches
-        of its own), state explicit (pytest_ptn.check.alone): the truth isolation is judged against; shared
+        """Each method of this case lowered alone by a new instance of its backend's class in a fresh process
+        of its own, state explicit (pytest_ptn.check.alone): the truth isolation is judged against; shared
         by the case's tests, lowered at first need."""
         from pytest_ptn.check.alone import MethodsAlone
         from pytest_ptn.programs.exported import functionalize
@@ -218,7 +218,7 @@ class Case:
         if key not in self._cache.alone:
             name = self.scenario.name
             self._cache.alone[key] = MethodsAlone(
-                type(self.backend)(),
+                self.backend,
                 lambda: functionalize(self.program.export()),
                 self.program.state_fqns(),
                 lambda what: self._workdir(f"{name}-{what}"),
@@ -264,19 +264,26 @@ class Case:
         """Each output, mutated input and (where ``ran`` has it) buffer that differs from eager
         (pytest_ptn.instruments.comparison) and from what the method alone gives on this backend: an
         isolation defect. A difference the method alone shows too is its arithmetic, accuracy's business
-        (``accuracy``). Where no method alone can be had, the difference is reported against eager, saying
-        so."""
+        (``accuracy``), unless the method alone is itself far beyond the backend's accuracy on the other
+        methods (check.alone.suspects): then it stays an isolation defect, saying so. Where no method alone
+        can be had, the difference is reported against eager, saying so."""
+        from pytest_ptn.check.alone import suspects
+
         deviations, mismatches = self._deviations(calls, ran)
         if not deviations:
             return mismatches
         details, explained = self._explained(deviations, calls, ran)
         unexplained = [d for d in deviations if d.call not in explained]
         alone, unavailable = self._alone(calls) if unexplained else (None, None)
+        suspect = suspects(alone, [(c.method, c.outputs) for c in calls]) if alone is not None else {}
         for d, detail in zip(deviations, details, strict=True):
             truth = d.of(alone[d.call]) if alone is not None else None
+            method = calls[d.call].method
             if d.call not in explained and truth is not None and self._same(d, truth):
-                continue  # the method alone computes it so: accuracy, not isolation
-            if truth is not None and not self._same_as_eager(d, truth):
+                if method not in suspect:
+                    continue  # the method alone computes it so: accuracy, not isolation
+                detail += f"; {suspect[method]}"
+            elif truth is not None and not self._same_as_eager(d, truth):
                 detail += f"; alone, the method gives {_fmt(truth)}"
             if unavailable is not None and d.call not in explained:
                 detail += f" (judged against eager: {unavailable})"
@@ -328,7 +335,7 @@ class Case:
         import pytest
         import torch
 
-        from pytest_ptn.check.alone import AloneUnavailable
+        from pytest_ptn.check.alone import AloneUnavailable, suspects
         from pytest_ptn.check.findings import Difference
         from pytest_ptn.ruleset import not_applicable
 
@@ -351,6 +358,7 @@ class Case:
         except AloneUnavailable as e:
             pytest.skip(not_applicable(f"no truth of the methods alone: {e}"))
         reduced = self.backend.float32_computed_in()
+        suspect = suspects(alone, [(c.method, c.outputs) for c in calls])
         mismatches = []
         for d in deviations:
             truth = d.of(alone[d.call])
@@ -364,6 +372,8 @@ class Case:
                 detail = f"{d.what}: {difference}"
             if reduced is not None and d.want.dtype == torch.float32:
                 detail += f"; {reduced.why}"
+            if calls[d.call].method in suspect:
+                detail += f"; {suspect[calls[d.call].method]}"
             mismatches.append(Mismatch(d.call, calls[d.call].method, detail))
         return mismatches
 
