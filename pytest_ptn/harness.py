@@ -258,7 +258,41 @@ class Case:
         """Run the call sequence on ``loaded``, methods loaded as ``schedule`` says: every way it differs from
         what the backend computes for each method alone (E1, E3, E4, E5), where it differs from eager."""
         calls = calls if calls is not None else self.eager()
-        return self.mismatches(calls, self.run_calls(loaded, calls, schedule, state))
+        ran = self.run_calls(loaded, calls, schedule, state)
+        found = self.mismatches(calls, ran)
+        return self.attributed(found, calls, ran, schedule) if found else found
+
+    def attributed(
+        self, found: list[Mismatch], calls: list[EagerCall], ran: list[Ran], schedule: LoadSchedule
+    ) -> list[Mismatch]:
+        """``found``, each saying whose it is where the backend has a witness (``Backend.witness``: for a
+        runtime of .pte files, executorch.runtime on the same .pte), run through the same calls and schedule:
+        the same values are the lowering's (or upstream's), eager's values the runtime's own."""
+        import dataclasses
+
+        from pytest_ptn.backend import one_line
+        from pytest_ptn.instruments.comparison import equal
+
+        lowered = self.lowered()
+        witness = None if isinstance(lowered, Exception) else self.backend.witness(lowered)
+        if witness is None:
+            return found
+        try:
+            seen = self.run_calls(witness.loaded, calls, schedule)
+        except Exception as e:
+            said = f"{witness.by} raised {one_line(e)}"
+            return [dataclasses.replace(m, detail=f"{m.detail}; {said}") for m in found]
+        out = []
+        for m in found:
+            theirs, ours, call = seen[m.call].outputs, ran[m.call].outputs, calls[m.call]
+            same = len(theirs) == len(ours) and all(map(equal, ours, theirs))
+            bounds = call.output_bounds()
+            eager = len(theirs) == len(call.outputs) and all(
+                equal(t, e, b, self.tolerance, self._computed_in(e))
+                for t, e, b in zip(theirs, call.outputs, bounds, strict=True)
+            )
+            out.append(dataclasses.replace(m, detail=f"{m.detail}; {witness.says(same, eager)}"))
+        return out
 
     def mismatches(self, calls: list[EagerCall], ran: list[Ran]) -> list[Mismatch]:
         """Each output, mutated input and (where ``ran`` has it) buffer that differs from eager

@@ -18,6 +18,7 @@ from _pytest.reports import TestReport
 
 from pytest_ptn import expectations, upstream_noise
 from pytest_ptn.backend import (
+    VARIANT_SEPARATOR,
     Backend,
     BackendError,
     Capability,
@@ -118,7 +119,7 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     cli = config.getoption("ptn_backends") or []
     ini = config.getini("ptn_backends")
-    requested = list(dict.fromkeys(cli or ini or [DEFAULT_BACKEND]))
+    requested = list(dict.fromkeys(variants(cli or ini or [DEFAULT_BACKEND])))
     workerinput = getattr(config, "workerinput", None)
     seed = config.getoption("ptn_seed")
     if seed is None:  # one seed for the run: xdist workers get the controller's (pytest_configure_node)
@@ -162,6 +163,20 @@ def pytest_configure(config: pytest.Config) -> None:
     from_args = config.args_source == pytest.Config.ArgsSource.ARGS
     if state.explicit and not from_args and suite is not None and str(suite) not in config.args:
         config.args.append(str(suite))
+
+
+def variants(specs: list[str]) -> list[str]:
+    """Each requested backend, a name that stands for several (``Backend.variants``: a runtime of .pte files
+    and the lowerings it runs) as each of them, ``name@variant``; a name that does not resolve stays as given,
+    for the usage error that names it."""
+    out = []
+    for spec in specs:
+        try:
+            found = resolve_backend(spec).variants()
+        except BackendError:
+            found = ()
+        out += [f"{spec}{VARIANT_SEPARATOR}{v}" for v in found] or [spec]
+    return out
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:

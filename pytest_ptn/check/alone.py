@@ -240,14 +240,30 @@ class AloneProcess:
         return value
 
 
-def _importable(backend: type[Backend]) -> type[Backend] | str:
+BackendClass = type[Backend] | str | tuple[Any, str]
+"""How a child finds the backend's class: the class, its name, or (the class a variant was made from, the
+variant's name)."""
+
+
+def _importable(backend: type[Backend]) -> BackendClass:
     """What names ``backend`` in a fresh process: the class itself where pickle finds it by its module and
-    name, else the name the backend is asked for by (an ``ext:`` flow's class is made at run time)."""
+    name; else, for a class ``Backend.variant`` made, what it was made from; else the name the backend is
+    asked for by (an ``ext:`` flow's class is made at run time)."""
     try:
         pickle.dumps(backend)
     except (pickle.PicklingError, AttributeError, TypeError):
+        if backend.variant_of is not None:
+            base, variant = backend.variant_of
+            return (_importable(base), variant)
         return backend.name
     return backend
+
+
+def _found(backend: BackendClass) -> type[Backend]:
+    """The child's side of ``_importable``."""
+    if isinstance(backend, tuple):
+        return _found(backend[0]).variant(backend[1])
+    return resolve_backend(backend) if isinstance(backend, str) else backend
 
 
 def _serve(requests: IO[bytes], answers: IO[bytes]) -> None:
@@ -260,7 +276,7 @@ def _serve(requests: IO[bytes], answers: IO[bytes]) -> None:
         answers.flush()
 
     try:
-        cls = resolve_backend(backend) if isinstance(backend, str) else backend
+        cls = _found(backend)
         cls.load_runtime()
         instance = cls()
         program = torch.export.load(saved)

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_ptn.backend import LOWERING_FAULT, RUNTIME_FAULT
 from pytest_ptn.reporting.matrix import Finding, findings
 from pytest_ptn.reporting.reasons import headline, strip_noise
 from pytest_ptn.reporting.results import FAIL, XPASS, Result, rule_sort_key
@@ -228,10 +229,22 @@ def evidence_of(result: Result) -> Evidence:
     return Evidence(SYMPTOM, (SYMPTOM, normalized(said)), said)
 
 
+def whose(result: Result, evidence: Evidence) -> Evidence:
+    """``evidence``, for a backend with a witness (a runtime of .pte files), saying whose the defect is: one
+    mechanism the runtime shows and executorch.runtime does not is another cause than the lowering's."""
+    if f": {RUNTIME_FAULT}" in result.reason:
+        return Evidence(evidence.kind, (*evidence.key, RUNTIME_FAULT), f"{RUNTIME_FAULT}: {evidence.summary}")
+    if f": {LOWERING_FAULT}" in result.reason:
+        said = f"{LOWERING_FAULT} (executorch.runtime does the same): {evidence.summary}"
+        return Evidence(evidence.kind, (*evidence.key, LOWERING_FAULT), said)
+    return evidence
+
+
 def find_causes(results: Iterable[Result]) -> list[Cause]:
-    """The causes of every failed test (fail or xpass), largest first, numbered from 1."""
+    """The causes of every failed test (fail or xpass), a runtime's own first, then largest first, numbered
+    from 1."""
     failing = findings(results, (FAIL, XPASS))
-    shown = [(f, evidence_of(f.result)) for f in failing]
+    shown = [(f, whose(f.result, evidence_of(f.result))) for f in failing]
     across_names = {f.result.backend: ev for f, ev in shown if ev.kind == SHARES_DIFFERING}
     # A loader that shares differing constants across names shows by-name reads too where names collide:
     # one defect, the wider one.
@@ -254,7 +267,14 @@ def find_causes(results: Iterable[Result]) -> list[Cause]:
         cause = groups.setdefault((f.result.backend, ev.key), Cause(0, ev, f.result.backend))
         cause.found.append(f)
         cause.joined += joined
-    ordered = sorted(groups.values(), key=lambda c: (-len(c.found), rule_sort_key(next(iter(c.rules)))))
+    ordered = sorted(
+        groups.values(),
+        key=lambda c: (
+            RUNTIME_FAULT not in c.evidence.key,
+            -len(c.found),
+            rule_sort_key(next(iter(c.rules))),
+        ),
+    )
     for number, cause in enumerate(ordered, 1):
         cause.number = number
     return ordered
