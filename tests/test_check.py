@@ -116,6 +116,24 @@ def test_rules_beyond_e1_are_checked_where_the_backend_shows_them(variant: type,
     assert rule in {f.rule for f in findings}, [str(f) for f in findings]
 
 
+class Overflowing(torch.nn.Module):
+    """Two methods whose outputs hold inf and -inf, as a softmax mask or a log of zero gives."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.arange(4.0), requires_grad=False)
+
+    def prefill(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.w + torch.tensor([0.0, float("inf"), float("-inf"), 1.0])
+
+    def decode(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.log(x * self.w)  # log(0) is -inf
+
+
+def test_inf_outputs_are_values_not_findings() -> None:
+    assert check_program(Overflowing(), METHODS, CALLS) == []
+
+
 def test_default_grad_mode_does_not_blame_the_backend() -> None:
     """Trainable parameters and an in-place KV cache, not under no_grad: pte finds its state bug (decode
     reads the cache as a constant), never a lowering failure."""
