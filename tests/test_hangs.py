@@ -144,6 +144,22 @@ def test_the_limit_comes_from_the_option_then_the_ini_then_the_default(pytester:
     assert hangs.limit(pytester.parseconfig()) == hangs.DEFAULT_LIMIT
 
 
+@pytest.mark.parametrize("given", ["inf", "1e10"])
+def test_a_limit_beyond_the_watchdogs_clock_is_no_limit(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, given: str
+) -> None:
+    """faulthandler cannot arm inf or 1e10 s (OverflowError in every test): they are no limit, and the
+    worker's steps run under it."""
+    assert hangs.limit(pytester.parseconfig(f"--ptn-timeout={given}")) == 0
+    monkeypatch.delenv("PYTEST_ADDOPTS")  # the default: isolation on
+    result = pytester.runpytest_subprocess(
+        "--ptn-backend=reference", "-k", "single_method and E1 and not in_bf16 and not in_fp16",
+        "-p", "no:cacheprovider", f"--ptn-timeout={given}",
+    )  # fmt: skip
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+    result.stdout.fnmatch_lines(["*crash isolation on*no time limit*", "*passed*"])
+
+
 def test_the_watchdog_ends_a_process_that_makes_no_progress(tmp_path: Path) -> None:
     """Progress restarts the clock; while idle nothing runs it; past the limit every thread's stack goes to
     the file and the process ends."""

@@ -16,7 +16,9 @@ session, itself; the run header says so.
 from __future__ import annotations
 
 import faulthandler
+import math
 import re
+import threading
 import time
 from typing import IO
 
@@ -47,14 +49,17 @@ def add_options(parser: pytest.Parser, group: pytest.OptionGroup) -> None:
         dest="ptn_timeout",
         help=f"the longest one backend step (lowering a case, loading a method, one call, one fuzz example) "
         f"may make no progress before its test fails as hung, with every thread's stack, and its xdist "
-        f"worker is replaced (default {DEFAULT_LIMIT:g}, above any cold compile of the suite; 0: no limit). "
+        f"worker is replaced (default {DEFAULT_LIMIT:g}, above any cold compile of the suite; 0 or inf: "
+        f"no limit). "
         f"In-process runs (-n 0, --pdb) have no limit",
     )
     parser.addini(INI, f"the default of {OPTION} (seconds)", default=None)
 
 
 def limit(config: pytest.Config) -> float:
-    """The run's limit in seconds (0: none), from the option, else the ini, else the default."""
+    """The run's limit in seconds (0: none), from the option, else the ini, else the default. inf, and a
+    limit longer than the watchdog's clock can count (``threading.TIMEOUT_MAX``, some 292 years), are no
+    limit: no step of a run reaches them, and faulthandler refuses to arm them."""
     given = config.getoption("ptn_timeout", None)
     source = OPTION
     if given is None:
@@ -66,6 +71,8 @@ def limit(config: pytest.Config) -> float:
             raise pytest.UsageError(f"{source}: {ini!r} is not a number of seconds") from None
     if not given >= 0:  # NaN too
         raise pytest.UsageError(f"{source}: {given:g} is not a number of seconds >= 0 (0: no limit)")
+    if math.isinf(given) or given * (1 + Watchdog.SLACK) > threading.TIMEOUT_MAX:
+        return 0.0
     return float(given)
 
 
