@@ -301,7 +301,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
                 f"--ptn-backend={spec} is unavailable on this machine: {state.availability[spec].reason}"
             )
             if hasattr(config, "workerinput"):
-                workers.note_unavailable(config, message)
+                workers.note_usage_error(config, message)
                 return
             raise pytest.UsageError(message)
 
@@ -334,6 +334,53 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(zoo.ZOO_TAG)
         if backend is not None:
             mark_expected(item, config.stash[RUN_STATE].expected(backend, rules, scenario, schedule))
+    refuse_entries_matching_no_test(config, items)
+
+
+def refuse_entries_matching_no_test(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """An expectation entry no test of the suite can match (P6 on a scenario no P6 test runs) is a usage
+    error naming it, as a malformed entry is: it would be counted as a known failure and never reported. In
+    an xdist worker it is written down for the controller, which ends the run with it."""
+    state = config.stash[RUN_STATE]
+    if not state.explicit:
+        return
+    entries = [
+        e
+        for spec in state.requested
+        for f in state.expectation_files
+        if f.applies_to(state.classes[spec].name, state.availability[spec].versions)
+        for e in f.entries
+    ]
+    unmatched = expectations.matching_no_test(entries, suite_cells(state, items)) if entries else []
+    if not unmatched:
+        return
+    lines = [f"{e.cell()} ({e.source})" for e in dict.fromkeys(unmatched)]
+    message = (
+        f"--ptn-expectations: {len(lines)} known failure entries match no test of the suite, and would "
+        f"never be reported; remove them, as a stale entry: {'; '.join(lines)}"
+    )
+    if hasattr(config, "workerinput"):
+        workers.note_usage_error(config, message)
+        return
+    raise pytest.UsageError(message)
+
+
+def suite_cells(state: RunState, items: list[pytest.Item]) -> set[tuple[str, str | None, str | None]]:
+    """Every (rule, scenario, schedule) the functions of the collected tests check, whichever of their
+    parameters this run selected (the zoo's scenarios too, run or not)."""
+    cells: set[tuple[str, str | None, str | None]] = set()
+    for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        if "ptn_scenario" in fixtures:
+            marker = item.get_closest_marker("ptn_scenarios")
+            scenarios: list[str | None] = [*state.names_tagged(*(marker.args if marker else ()))]
+        else:
+            scenarios = [expectations.FUZZ_SCENARIO if "ptn_fuzz" in fixtures else None]
+        schedules: list[str | None] = (
+            [s.value for s in LoadSchedule] if "ptn_schedule" in fixtures else [None]
+        )
+        cells.update((r, sc, sh) for r in rules_of(item) for sc in scenarios for sh in schedules)
+    return cells
 
 
 def mark_expected(item: pytest.Item, expected: list[expectations.Expectation]) -> None:

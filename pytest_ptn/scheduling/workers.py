@@ -16,8 +16,9 @@ from pytest_ptn.ruleset import WAITS_FOR_CLOCK
 from pytest_ptn.run.state import RunState
 from pytest_ptn.scheduling import crashes, hangs
 
-UNAVAILABLE = "unavailable.txt"
-"""In the run folder: why a requested backend cannot run, as a worker found when it loaded its runtime."""
+USAGE_ERROR = "usage-error.txt"
+"""In the run folder: the usage error a worker found (a requested backend that cannot run, as it loaded its
+runtime; an expectation entry that matches no test)."""
 
 CRASH_RESTARTS = 1000
 """Worker restarts a run allows when ``--max-worker-restart`` is not given: a crashed step is not retried, so
@@ -57,14 +58,14 @@ class Xdist:
         node.workerinput["ptn_sys_path"] = list(sys.path)
 
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
-        """A worker has collected; one that found a requested backend cannot run here ends the run as the
-        usage error it is, before any test is scheduled."""
+        """A worker has collected; one that found a usage error (a requested backend cannot run here) ends
+        the run with it, before any test is scheduled."""
         self.collected.add(node.gateway.id)
         try:
-            unavailable = (self.run_folder / UNAVAILABLE).read_text()
+            error = (self.run_folder / USAGE_ERROR).read_text()
         except OSError:
             return
-        pytest.exit(unavailable, returncode=pytest.ExitCode.USAGE_ERROR)
+        pytest.exit(error, returncode=pytest.ExitCode.USAGE_ERROR)
 
     def pytest_testnodedown(self, node: Any, error: object | None) -> None:
         """A worker that dies before it has collected would die again in its replacement: end the run."""
@@ -215,9 +216,9 @@ def is_controller(config: pytest.Config) -> bool:
     return not hasattr(config, "workerinput") and bool(config.getoption("numprocesses", None))
 
 
-def note_unavailable(config: pytest.Config, message: str) -> None:
-    """In a worker: a requested backend cannot run here, for the controller to end the run with."""
-    (Path(config.workerinput["ptn_run_folder"]) / UNAVAILABLE).write_text(message)  # type: ignore[attr-defined]
+def note_usage_error(config: pytest.Config, message: str) -> None:
+    """In a worker: a usage error, for the controller to end the run with once the worker has collected."""
+    (Path(config.workerinput["ptn_run_folder"]) / USAGE_ERROR).write_text(message)  # type: ignore[attr-defined]
 
 
 def one_worker_by_default(config: pytest.Config) -> None:
