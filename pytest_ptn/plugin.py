@@ -10,6 +10,7 @@ import importlib.util
 import random
 import sys
 from collections.abc import Callable, Generator
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -40,7 +41,7 @@ from pytest_ptn.ruleset import (
 from pytest_ptn.run import hookspecs, stopping
 from pytest_ptn.run.state import RUN_STATE, RunState
 from pytest_ptn.schedule import LoadSchedule
-from pytest_ptn.scheduling import gpus, hangs, shards, workers
+from pytest_ptn.scheduling import crashes, gpus, hangs, shards, workers
 from pytest_ptn.spec import Scenario
 
 if TYPE_CHECKING:
@@ -142,9 +143,12 @@ def pytest_configure(config: pytest.Config) -> None:
     for spec in requested:
         try:
             cls = resolve_backend(spec)
-            state.availability[spec] = availability_of(spec, cls)
+            with backend_call(config, spec, "availability()"):
+                state.availability[spec] = availability_of(spec, cls)
         except BackendError as e:
             raise pytest.UsageError(f"--ptn-backend: {e}") from e
+        except hangs.HungCall as e:
+            raise pytest.UsageError(str(e)) from None
         state.classes[spec] = cls
         if state.explicit and not state.availability[spec].available:
             raise pytest.UsageError(
@@ -162,6 +166,14 @@ def pytest_configure(config: pytest.Config) -> None:
     from_args = config.args_source == pytest.Config.ArgsSource.ARGS
     if state.explicit and not from_args and suite is not None and str(suite) not in config.args:
         config.args.append(str(suite))
+
+
+def backend_call(config: pytest.Config, spec: str, call: str) -> AbstractContextManager[None]:
+    """A call into backend ``spec`` outside any case: a step under the watchdog in a crash-isolated worker,
+    limited in the controller (pytest_ptn.scheduling.hangs); in-process runs have no limit."""
+    if workers.is_controller(config):
+        return hangs.limited(hangs.limit(config), f"--ptn-backend={spec}: {call}")
+    return crashes.calling(spec, call)
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -295,7 +307,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     used = {_callspec_param(item, "ptn_backend") for item in session.items}
     for spec in (s for s in state.requested if s in used):
-        state.availability[spec] = runtime_availability(state.classes[spec], state.availability[spec])
+        with backend_call(config, spec, "load_runtime()"):
+            state.availability[spec] = runtime_availability(state.classes[spec], state.availability[spec])
         if not state.availability[spec].available:
             message = (
                 f"--ptn-backend={spec} is unavailable on this machine: {state.availability[spec].reason}"
@@ -398,7 +411,8 @@ def mark_expected(item: pytest.Item, expected: list[expectations.Expectation]) -
 @pytest.fixture(scope="session")
 def ptn_backend(request: pytest.FixtureRequest) -> Backend:
     """The backend under test (one instance per run, so its caches live as long as a loader's would)."""
-    return request.config.stash[RUN_STATE].backend(request.param)
+    with backend_call(request.config, request.param, "__init__"):
+        return request.config.stash[RUN_STATE].backend(request.param)
 
 
 @pytest.fixture

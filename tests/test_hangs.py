@@ -9,6 +9,7 @@ the single_method tests pass and every failed test names the hang.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -32,6 +33,69 @@ class HangsOnDecode(ReferenceBackend):
         if "decode" in programs:
             threading.Event().wait()  # never set: a deadlock, in C, holding no progress
         return super().lower(programs, workdir)
+"""
+
+BEFORE_THE_FIRST_STEP = """
+import ctypes
+import os
+import time
+
+from pytest_ptn.backends.reference import ReferenceBackend
+
+
+def hang(how):
+    if how == "sleeping":
+        while True:
+            time.sleep(0.1)
+    ctypes.PyDLL(None).sleep(3600)  # in C, holding the GIL
+
+
+class HangsInInit(ReferenceBackend):
+    name = "hangs-in-init"
+    how = "sleeping"
+
+    def __init__(self):
+        hang(self.how)
+
+
+class HangsInAvailability(ReferenceBackend):
+    name = "hangs-in-availability"
+    how = "sleeping"
+
+    @classmethod
+    def availability(cls):
+        hang(cls.how)
+
+
+class HangsInLoadRuntime(ReferenceBackend):
+    name = "hangs-in-load-runtime"
+    how = "sleeping"
+
+    @classmethod
+    def load_runtime(cls):
+        hang(cls.how)
+
+
+class HangsInAvailabilityInWorkers(ReferenceBackend):
+    name = "hangs-in-availability-in-workers"
+
+    @classmethod
+    def availability(cls):
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            hang("sleeping")
+        return super().availability()
+
+
+class HangsInInitWithTheGil(HangsInInit):
+    how = "holding the GIL"
+
+
+class HangsInAvailabilityWithTheGil(HangsInAvailability):
+    how = "holding the GIL"
+
+
+class HangsInLoadRuntimeWithTheGil(HangsInLoadRuntime):
+    how = "holding the GIL"
 """
 
 LIMIT = 5
@@ -118,6 +182,36 @@ def test_a_hang_under_xdist_an_expectation_lists_is_that_expected_failure(hangin
     first = "the first hang, reported by the controller"
     assert any("hung: no progress" in r["reason"] for r in listed), first
     assert all(r["outcome"] == "fail" for r in hung if r["rule"] != "E1")
+
+
+@pytest.mark.parametrize(
+    ("backend", "call", "workers"),
+    [
+        ("HangsInInit", "__init__", "1"),
+        ("HangsInInitWithTheGil", "__init__", "2"),
+        ("HangsInLoadRuntimeWithTheGil", "load_runtime()", "1"),
+        ("HangsInLoadRuntime", "load_runtime()", "2"),
+        ("HangsInAvailability", "availability()", "1"),  # the controller's call
+        ("HangsInAvailabilityWithTheGil", "availability()", "2"),
+        ("HangsInAvailabilityInWorkers", "availability()", "2"),  # the workers' call
+    ],
+)
+def test_a_backend_that_hangs_before_its_first_step_ends_the_run_naming_the_call(
+    hanging: pytest.Pytester, backend: str, call: str, workers: str
+) -> None:
+    """A call into the backend before any case is a step: the run ends by itself, a usage error naming the
+    backend, the call and its stack, nothing passed. The controller asks availability() first, for the
+    header: a backend hanging there hangs in the controller, HangsInAvailabilityInWorkers in the workers."""
+    hanging.makepyfile(before_first_step=BEFORE_THE_FIRST_STEP)
+    result = hanging.runpytest_subprocess(
+        f"--ptn-backend=before_first_step:{backend}", "-k", "single_method and E1 and not in_bf16",
+        "-p", "no:cacheprovider", f"--ptn-timeout={LIMIT}", "-n", workers, timeout=60,
+    )  # fmt: skip
+    said = result.stdout.str() + result.stderr.str()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, said
+    assert f"calling {call}" in said or f": {call} made no progress for {LIMIT} s" in said, said
+    assert f"no progress for {LIMIT} s" in said and "before_first_step.py" in said, said
+    assert not re.search(r"\d+ passed", said), said
 
 
 @pytest.mark.parametrize(

@@ -14,10 +14,12 @@ Nothing here imports torch: the controller never does.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import json
 import os
 import signal
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -49,14 +51,24 @@ class CrashedEarlier(Exception):
 
 @dataclass
 class Step:
-    """What a worker is doing inside a case, written down before it does it."""
+    """What a worker is doing inside a case, written down before it does it; outside any case (no
+    ``scenario``): a call into the backend itself (``calling availability()``)."""
 
     backend: str
     scenario: str
     step: str
 
     def describe(self) -> str:
-        return f"{self.step} {self.scenario} on {self.backend}"
+        return (
+            f"{self.step} {self.scenario} on {self.backend}"
+            if self.scenario
+            else f"{self.step} of {self.backend}"
+        )
+
+    @property
+    def backend_call(self) -> bool:
+        """A call into the backend outside any case: the backend cannot run at all when it dies in one."""
+        return not self.scenario
 
 
 class WorkerLog:
@@ -138,6 +150,30 @@ def enter(backend: str, scenario: str, step: str, known: bool = True) -> None:
     """Called before each backend step of a case (a no-op outside an isolated worker)."""
     if _worker is not None:
         _worker.enter(Step(backend, scenario, step), known)
+
+
+@contextlib.contextmanager
+def calling(backend: str, call: str) -> Iterator[None]:
+    """A call into the backend outside any case (``__init__``, ``availability()``, ``load_runtime()``): a step
+    under the watchdog, after which no clock runs (a no-op outside an isolated worker)."""
+    if _worker is None:
+        yield
+        return
+    _worker.enter(Step(backend, "", f"calling {call}"), known=False)
+    try:
+        yield
+    finally:
+        _worker.idle()
+
+
+def last_step(folder: Path, worker_id: str) -> Step | None:
+    """The step a worker last said it was entering, if any."""
+    try:
+        said = json.loads(_read(folder / f"{worker_id}.last") or "{}")
+    except ValueError:
+        return None
+    step = said.get("step") if isinstance(said, dict) else None
+    return Step(**step) if isinstance(step, dict) else None
 
 
 def _step_key(step: Step) -> str:

@@ -68,8 +68,10 @@ class Xdist:
         pytest.exit(error, returncode=pytest.ExitCode.USAGE_ERROR)
 
     def pytest_testnodedown(self, node: Any, error: object | None) -> None:
-        """A worker that dies before it has collected would die again in its replacement: end the run."""
+        """A worker that dies before it has collected would die again in its replacement: end the run, as a
+        usage error naming the call where it died in a call into the backend."""
         if error is not None and self.state.explicit and node.gateway.id not in self.collected:
+            self.refuse_backend(node, "before its first test")
             pytest.exit(
                 f"ptn: xdist worker {node.gateway.id} died before collecting the tests ({error}); its own "
                 "output is above. Run in-process with -n 0 to see the error where it happens.",
@@ -141,6 +143,28 @@ class Xdist:
         config.option.loadscopereorder = False  # largest unit first would put every single test last
         return CaseScheduling(config, log)
 
+    def refuse_backend(self, worker: Any, nodeid: str) -> None:
+        """End the run as a usage error if ``worker`` died (crashed, or hung past the limit) in a call into
+        the backend outside any case (its ``__init__``, ``availability()``, ``load_runtime()``): no test of
+        it can run."""
+        worker_id = getattr(getattr(worker, "gateway", None), "id", "?")
+        step = crashes.last_step(self.run_folder, worker_id)
+        if step is None or not step.backend_call:
+            return
+        text = crashes.crash_report(
+            self.run_folder,
+            worker_id,
+            crashes.worker_returncode(worker),
+            nodeid,
+            None,
+            {},
+            hangs.limit(self.config),
+        )
+        pytest.exit(
+            f"--ptn-backend={step.backend} cannot run: its worker {text}",
+            returncode=pytest.ExitCode.USAGE_ERROR,
+        )
+
     @pytest.hookimpl(tryfirst=True)
     def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport, sched: Any) -> None:
         """The test a dead worker was running fails with the signal (or, for a worker the watchdog ended,
@@ -148,6 +172,7 @@ class Xdist:
         reports), never as a bare "worker crashed". A crash or hang an expectation lists is that expected
         failure, as the worker's strict xfail would have made it (one that passes instead fails there as
         stale)."""
+        self.refuse_backend(getattr(report, "node", None), crashitem)
         properties = crashes.read_properties(self.run_folder, crashitem)
         found = dict(properties)
         spec = found.get("ptn_backend", "")
@@ -187,9 +212,7 @@ class CrashIsolatedWorker:
         self.folder = Path(config.workerinput["ptn_run_folder"])  # type: ignore[attr-defined]
         self.worker_id = str(config.workerinput["workerid"])  # type: ignore[attr-defined]
         self.limit = hangs.limit(config)
-
-    def pytest_sessionstart(self) -> None:
-        crashes.start_worker(self.folder, self.worker_id, self.limit)
+        crashes.start_worker(self.folder, self.worker_id, self.limit)  # before the backend's availability()
 
     @pytest.hookimpl(tryfirst=True)  # before xdist tells the controller, which schedules from them
     def pytest_collection_finish(self, session: pytest.Session) -> None:
