@@ -9,7 +9,9 @@ the single_method tests pass and every failed test names the hang.
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -96,6 +98,37 @@ class HangsInAvailabilityWithTheGil(HangsInAvailability):
 
 class HangsInLoadRuntimeWithTheGil(HangsInLoadRuntime):
     how = "holding the GIL"
+"""
+
+HUNG_CHILDREN = """
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from pytest_ptn.backends.reference import ReferenceBackend
+from pytest_ptn.instruments.isolation import run_isolated
+
+PIDS = Path(os.environ["PTN_TEST_PIDS"])
+
+
+def note_and_sleep():
+    with PIDS.open("a") as f:
+        print(os.getpid(), file=f)
+    time.sleep(3600)
+
+
+class HangsInItsChildren(ReferenceBackend):
+    name = "hangs-in-its-children"
+
+    def lower(self, programs, workdir):
+        if "decode" in programs:
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+            with PIDS.open("a") as f:
+                print(child.pid, file=f)
+            run_isolated(note_and_sleep)  # a fresh process that never answers
+        return super().lower(programs, workdir)
 """
 
 LIMIT = 5
@@ -212,6 +245,35 @@ def test_a_backend_that_hangs_before_its_first_step_ends_the_run_naming_the_call
     assert f"calling {call}" in said or f": {call} made no progress for {LIMIT} s" in said, said
     assert f"no progress for {LIMIT} s" in said and "before_first_step.py" in said, said
     assert not re.search(r"\d+ passed", said), said
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_a_hung_workers_children_end_with_it(
+    hanging: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, workers: str
+) -> None:
+    """A step hung in instruments.isolation's fresh process, with a child of the backend's beside it: the
+    test fails as hung and neither child outlives the run (with ``-s`` they held its output open)."""
+    pids = hanging.path / "pids.txt"
+    monkeypatch.setenv("PTN_TEST_PIDS", str(pids))
+    hanging.makepyfile(hung_children=HUNG_CHILDREN)
+    result = hanging.runpytest_subprocess(
+        "--ptn-backend=hung_children:HangsInItsChildren", "-k", "colliding_literals and E1 and not in_bf16",
+        "-p", "no:cacheprovider", f"--ptn-timeout={LIMIT}", "-n", workers, "-s", timeout=120,
+    )  # fmt: skip
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+    result.stdout.fnmatch_lines([f"*hung: no progress for {LIMIT} s while lowering colliding_literals*"])
+    started = [int(p) for p in pids.read_text().split()]
+    assert len(started) >= 2, started
+    alive = []
+    for pid in started:
+        try:
+            os.kill(pid, 0)
+            alive.append(pid)
+        except ProcessLookupError:
+            pass
+    for pid in alive:
+        os.kill(pid, signal.SIGKILL)
+    assert not alive, f"left alive by the run: {alive} of {started}"
 
 
 @pytest.mark.parametrize(

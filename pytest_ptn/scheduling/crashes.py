@@ -109,8 +109,12 @@ _fault: IO[str] | None = None
 
 def start_worker(folder: Path, worker_id: str, limit: float = 0.0) -> None:
     """This process is a worker: last words and faulthandler's dump go to the run folder, and a step that
-    makes no progress for ``limit`` seconds (0: no limit) ends it."""
+    makes no progress for ``limit`` seconds (0: no limit) ends it. It leads a process group of its own, so
+    that what its steps start (instruments.isolation's fresh process, a backend's compiler) ends with it:
+    faulthandler's watchdog ends the worker alone, and the controller ends its group (``end_group``)."""
     global _worker, _fault
+    with contextlib.suppress(OSError):  # already a session leader: the group is its own
+        os.setpgrp()
     _fault = (folder / f"{worker_id}.fault").open("w")
     faulthandler.enable(file=_fault, all_threads=False)
     _worker = WorkerLog(folder, worker_id, hangs.Watchdog(limit, _fault))
@@ -228,10 +232,24 @@ def how_it_died(returncode: int | None, fault: str) -> str:
     return "died without a fatal-error report (os._exit, SIGKILL or the out-of-memory killer)"
 
 
+def _popen(worker: Any) -> Any:
+    """The worker's process (subprocess.Popen), where execnet's popen gateway has one."""
+    return getattr(getattr(getattr(worker, "gateway", None), "_io", None), "popen", None)
+
+
+def end_group(worker: Any) -> None:
+    """A worker is down: whatever is left of its process group (a hung child it waited on, now orphaned and
+    holding the run's output pipe open) is killed, so that a run leaves no process of its own behind."""
+    popen = _popen(worker)
+    if popen is None:
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(popen.pid, signal.SIGKILL)
+
+
 def worker_returncode(worker: Any) -> int | None:
     """The dead worker's exit status, where execnet's popen gateway can tell it."""
-    io = getattr(getattr(worker, "gateway", None), "_io", None)
-    popen = getattr(io, "popen", None)
+    popen = _popen(worker)
     if popen is None:
         return None
     try:

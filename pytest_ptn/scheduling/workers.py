@@ -69,7 +69,10 @@ class Xdist:
 
     def pytest_testnodedown(self, node: Any, error: object | None) -> None:
         """A worker that dies before it has collected would die again in its replacement: end the run, as a
-        usage error naming the call where it died in a call into the backend."""
+        usage error naming the call where it died in a call into the backend. A worker that died takes
+        what is left of its process group with it (one that finished is still exiting: it ends its own)."""
+        if error is not None:
+            crashes.end_group(node)
         if error is not None and self.state.explicit and node.gateway.id not in self.collected:
             self.refuse_backend(node, "before its first test")
             pytest.exit(
