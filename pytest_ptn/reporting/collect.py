@@ -136,6 +136,8 @@ class ConformanceReporter:
         self.stopped: str | None = None
         self.testing = False
         self.run: results.RunStatus | None = None
+        self.report_error: OSError | None = None
+        """Why the report could not be written (its stream, or its files at the end), if so."""
 
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         """Reports of an earlier run in DIR go now: a run killed later must not leave them looking like its
@@ -245,9 +247,14 @@ class ConformanceReporter:
         if not self.run.complete and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.INTERRUPTED
         if self.outdir is not None:
-            self.written = render.write_reports(self.document(self.provenance), self.outdir)
+            try:
+                self.written = render.write_reports(self.document(self.provenance), self.outdir)
+            except OSError as e:  # a full disk: the run's exit status stays its tests'
+                self.report_error = e
         if self.stream is not None:
             self.stream.end(self.run)
+            if not self.written:  # the files hold the whole report when they could be written
+                self.report_error = self.report_error or self.stream.error
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         """Shown for runs with conformance tests (or a report asked for): a run of other tests in a
@@ -269,7 +276,14 @@ class ConformanceReporter:
         terminalreporter.write_sep("=", f"ptn conformance (spec v{SPEC_VERSION})")
         for line in render.render_text(self.document({}), paint, pytest_showed=True):
             terminalreporter.write_line(line)
-        if self.written:
+        if self.report_error is not None:
+            e = self.report_error
+            why = f"[Errno {e.errno}] {e.strerror}" if e.errno is not None else str(e)
+            terminalreporter.write_line(
+                f"ptn report: INCOMPLETE: cannot write in {self.outdir}: {why}; nothing half-written is left",
+                red=True,
+            )
+        elif self.written:
             others = ", ".join(p.name for p in self.written[:-1])
             terminalreporter.write_line(f"ptn report: {self.written[-1].resolve()} (and {others})")
 

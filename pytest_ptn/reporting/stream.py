@@ -11,10 +11,15 @@ Lines, each one JSON object: a header (``schema``, ``version``, ``spec_version``
 ``{"selected": M}`` once the selection is known, ``{"test": NODEID, "rows": [...]}`` per finished test (a
 later line for the same test replaces an earlier one), and ``{"end": RUN}`` (results.json's ``run``) when
 the run finished its reports. A last line cut short by a kill is ignored.
+
+A stream that cannot be written (a full disk) stops there, and is removed: the run goes on, its verdicts
+reach pytest, and the reporter says, once, that its report is incomplete and why (``error``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import time
@@ -40,7 +45,13 @@ class VerdictStream:
 
     def __init__(self, path: Path, spec_version: str, provenance: dict[str, str], shard: str | None) -> None:
         self.path = path
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        self.error: OSError | None = None
+        """Why the stream stopped being written, if it did (it is gone then)."""
+        self._fd: int | None = None
+        try:
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        except OSError as e:
+            self.error = e
         self._synced = time.monotonic()
         header = {
             "schema": SCHEMA,
@@ -59,14 +70,32 @@ class VerdictStream:
 
     def end(self, run: results.RunStatus) -> None:
         self._append({"end": asdict(run)}, sync=True)
-        os.close(self._fd)
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def _append(self, line: dict[str, Any], sync: bool = False) -> None:
-        os.write(self._fd, (json.dumps(line, ensure_ascii=False) + "\n").encode())
-        now = time.monotonic()
-        if sync or now - self._synced >= FSYNC_INTERVAL_S:
-            os.fsync(self._fd)
-            self._synced = now
+        if self._fd is None:
+            return
+        data = (json.dumps(line, ensure_ascii=False) + "\n").encode()
+        try:
+            if os.write(self._fd, data) < len(data):  # the disk filled up mid-line
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            now = time.monotonic()
+            if sync or now - self._synced >= FSYNC_INTERVAL_S:
+                os.fsync(self._fd)
+                self._synced = now
+        except OSError as e:
+            self._stop(e)
+
+    def _stop(self, error: OSError) -> None:
+        """The stream cannot be written: it goes (a partial stream would read as a run killed midway)."""
+        self.error = error
+        assert self._fd is not None
+        os.close(self._fd)
+        self._fd = None
+        with contextlib.suppress(OSError):
+            self.path.unlink(missing_ok=True)
 
 
 def read(path: Path) -> results.Results:
