@@ -78,6 +78,7 @@ def configure(config: pytest.Config) -> None:
         return
     outdir = config.getoption("ptn_report")
     reporter = ConformanceReporter(config, None if outdir is None else writable_folder(outdir))
+    reporter.claim()
     config.pluginmanager.register(reporter, "ptn-report")
 
 
@@ -138,6 +139,30 @@ class ConformanceReporter:
         self.run: results.RunStatus | None = None
         self.report_error: OSError | None = None
         """Why the report could not be written (its stream, or its files at the end), if so."""
+        self.claimed: int | None = None
+        """The stream's file, locked for this run from the start (``stream.claim``)."""
+
+    def claim(self) -> None:
+        """The folder is this run's until it ends; one another run still writes is a usage error naming it
+        (an error opening it is the stream's, told when the run ends)."""
+        if self.outdir is None:
+            return
+        try:
+            self.claimed = stream.claim(self.outdir / stream.NAME)
+        except stream.InUse as e:
+            raise pytest.UsageError(
+                f"--ptn-report {self.outdir}: {e}; give each run a folder of its own"
+            ) from None
+        except OSError:
+            pass
+
+    def pytest_unconfigure(self) -> None:
+        """A run that ended before its session (a usage error) lets the folder go too."""
+        if self.stream is not None:
+            self.stream.close()
+        elif self.claimed is not None:
+            os.close(self.claimed)
+        self.claimed = None
 
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         """Reports of an earlier run in DIR go now: a run killed later must not leave them looking like its
@@ -148,7 +173,7 @@ class ConformanceReporter:
             (self.outdir / name).unlink(missing_ok=True)
         self.provenance = collect_provenance(self.config)
         self.stream = stream.VerdictStream(
-            self.outdir / stream.NAME, SPEC_VERSION, self.provenance, self._shard()
+            self.outdir / stream.NAME, SPEC_VERSION, self.provenance, self._shard(), self.claimed
         )
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
