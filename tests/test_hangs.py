@@ -247,9 +247,8 @@ def test_a_backend_that_hangs_before_its_first_step_ends_the_run_naming_the_call
     assert not re.search(r"\d+ passed", said), said
 
 
-@pytest.mark.parametrize("workers", ["1", "2"])
 def test_a_hung_workers_children_end_with_it(
-    hanging: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, workers: str
+    hanging: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A step hung in instruments.isolation's fresh process, with a child of the backend's beside it: the
     test fails as hung and neither child outlives the run (with ``-s`` they held its output open)."""
@@ -258,7 +257,7 @@ def test_a_hung_workers_children_end_with_it(
     hanging.makepyfile(hung_children=HUNG_CHILDREN)
     result = hanging.runpytest_subprocess(
         "--ptn-backend=hung_children:HangsInItsChildren", "-k", "colliding_literals and E1 and not in_bf16",
-        "-p", "no:cacheprovider", f"--ptn-timeout={LIMIT}", "-n", workers, "-s", timeout=120,
+        "-p", "no:cacheprovider", f"--ptn-timeout={LIMIT}", "-s", timeout=120,
     )  # fmt: skip
     assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
     result.stdout.fnmatch_lines([f"*hung: no progress for {LIMIT} s while lowering colliding_literals*"])
