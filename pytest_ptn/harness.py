@@ -559,7 +559,7 @@ def _describe(
     another method's tensor may show."""
     if ok is None:
         return f"output shape {tuple(have.shape)}, eager {tuple(want.shape)}", False
-    from pytest_ptn.instruments.comparison import allowed
+    from pytest_ptn.instruments.comparison import allowed, difference
 
     parts, read = [], False
     bound = allowed(want, computed_in=computed_in).reshape(-1)
@@ -573,12 +573,10 @@ def _describe(
             parts.append(f"value {k} (reads {name!r}) is {h:.6g}, eager {w:.6g}{seen}")
     if parts:
         return "; ".join(parts), read
-    import torch
-
     wrong = (~ok).nonzero().tolist()
     if not wrong:
         return f"output {_fmt(have)}, eager {_fmt(want)}", read
-    error = float((have.detach().to(torch.float64) - want.detach().to(torch.float64)).abs().max())
+    error = float(difference(have, want).max())
     shown = ", ".join(
         f"{i} is {float(have[tuple(i)]):.6g} (eager {float(want[tuple(i)]):.6g})" for i in wrong[:3]
     )
