@@ -4,6 +4,9 @@ eager's (the runtime's own), and the causes lead with the runtime's."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from pytest_ptn.backend import LOWERING_FAULT, RUNTIME_FAULT, resolve_backend
@@ -19,8 +22,13 @@ def test_a_runtime_stands_for_every_lowering() -> None:
     assert cls.name == "et-runtime@shared-state" and cls.lowering == "shared-state"
 
 
-def _failures(pytester: pytest.Pytester, backend: str) -> list[str]:
-    result = pytester.runpytest_inprocess(
+def _failures(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, backend: str) -> list[str]:
+    """The failures' lines and causes of a run of the E1 and E3 tests on kv_cache. In a process of its own:
+    a second lowering in one process (pytester drops what a run imported) registers executorch's
+    TORCH_LIBRARY again."""
+    tests = str(Path(__file__).parent)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")])))
+    result = pytester.runpytest_subprocess(
         str(suite_path()),
         f"--ptn-backend={backend}",
         "--ptn-no-expectations",
@@ -43,15 +51,15 @@ def _failures(pytester: pytest.Pytester, backend: str) -> list[str]:
     ],
 )
 def test_each_failure_says_whose_it_is(
-    backend: str, whose: str, pytester: pytest.Pytester, warm_torch: None
+    backend: str, whose: str, pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    lines = _failures(pytester, backend)
+    lines = _failures(pytester, monkeypatch, backend)
     calls = [line for line in lines if line.startswith("  call #")]
     assert calls and all(line.endswith(f": {whose}") for line in calls), lines
     assert any(line.startswith("  cause 1 ") and whose in line for line in lines), lines
 
 
 def test_a_correct_runtime_passes_where_executorch_runtime_does(
-    pytester: pytest.Pytester, warm_torch: None
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert _failures(pytester, "pte_runtimes:ExecutorchRuntime@shared-state") == []
+    assert _failures(pytester, monkeypatch, "pte_runtimes:ExecutorchRuntime@shared-state") == []
