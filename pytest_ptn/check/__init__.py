@@ -214,6 +214,7 @@ class Judge:
         self.computed_in = getattr(torch, reduced.dtype) if reduced is not None else None
         self.precision = reduced.why if reduced is not None else None
         self._alone: list[CallAlone] | str | None = None
+        self._suspects: dict[str, str] | None = None
 
     def run(
         self,
@@ -290,13 +291,16 @@ class Judge:
         return kept, accuracy
 
     def suspects(self, alone: list[CallAlone]) -> dict[str, str]:
-        """The methods whose alone run is suspect (pytest_ptn.check.alone.suspects)."""
+        """The methods whose alone run is suspect (pytest_ptn.check.alone.suspects): asked by every copy's
+        run, computed once, as the alone run is."""
         from pytest_ptn.check.alone import suspects
         from pytest_ptn.check.execution import flat
 
-        modules = self.program.eager()
-        eager = [(name, flat(modules[name](*copy.deepcopy(args)))) for name, args in self.sequence]
-        return suspects(alone, eager)
+        if self._suspects is None:
+            modules = self.program.eager()
+            eager = [(name, flat(modules[name](*copy.deepcopy(args)))) for name, args in self.sequence]
+            self._suspects = suspects(alone, eager)
+        return self._suspects
 
     def isolation(self, findings: list[Finding], differing: list[Compared]) -> list[Finding]:
         """The isolation findings of another copy's run (its accuracy is the first copy's)."""
