@@ -12,17 +12,14 @@ a backend that agrees with eager pays nothing.
 Alone means alone: each method is lowered, loaded and run in a fresh interpreter of its own, by a new
 instance of the backend's class, so nothing the program's run left behind reaches it (not the backend
 object, not a module-level or class-level cache, not a runtime's own per-process cache keyed by name, as the
-CUDA delegate's is), nor anything another method alone left. The method travels there as a file
-(``torch.export.save``), its calls and results pickled through the child's standard input and output.
+CUDA delegate's is), nor anything another method alone left. The fresh interpreter is a fork of a clean one
+that has only imported (pytest_ptn.instruments.clean_interpreter). The method travels there as a file
+(``torch.export.save``), its calls and results pickled through the child's socket.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import pickle
-import subprocess
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +29,7 @@ import torch
 from torch.export import ExportedProgram
 
 from pytest_ptn.backend import Backend, one_line, resolve_backend
+from pytest_ptn.instruments.clean_interpreter import Child, InterpreterGone, clean_interpreter
 from pytest_ptn.instruments.comparison import snr_db
 from pytest_ptn.instruments.content import digest
 from pytest_ptn.instruments.isolation import OUTPUT_TAIL, describe_exit
@@ -172,25 +170,17 @@ class MethodsAlone:
 
 
 class AloneProcess:
-    """One method alone in a child interpreter: started at once, lowering as soon as it has imported."""
+    """One method alone in a fresh child (forked from this process's clean interpreter), lowering at once."""
 
     def __init__(self, backend: type[Backend], method: str, saved: Path):
         self.method = method
         self.log = saved.parent / "child.log"
-        root = str(Path(__file__).parents[2])  # this package, importable before the child reads sys.path
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
-        }
-        with self.log.open("wb") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-X", "faulthandler", "-m", __name__],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=log,
-                env=env,
-            )
-        self._send([p for p in sys.path if p])  # first, so that the backend's class unpickles there
+        try:
+            self.child: Child | None = clean_interpreter().spawn(f"{__name__}:{_serve.__name__}", self.log)
+        except InterpreterGone as e:
+            self.child = None
+            self._gone = str(e)
+            return
         self._send((_importable(backend), method, str(saved), str(saved.parent)))
 
     def ready(self) -> None:
@@ -203,32 +193,25 @@ class AloneProcess:
         return answer
 
     def close(self) -> None:
-        if self.process.poll() is None:
-            try:
-                self._send(None)
-                self.process.wait(timeout=30)
-            except (OSError, subprocess.TimeoutExpired):
-                self.process.kill()
-                self.process.wait()
-        for stream in (self.process.stdin, self.process.stdout):
-            if stream is not None:
-                with contextlib.suppress(OSError):  # what the child never read
-                    stream.close()
+        if self.child is not None and self.child.returncode is None:
+            self._send(None)
+            self.child.wait()
 
     def _send(self, message: Any) -> None:
-        assert self.process.stdin is not None
+        assert self.child is not None
         try:
-            pickle.dump(message, self.process.stdin)
-            self.process.stdin.flush()
+            pickle.dump(message, self.child.requests)
+            self.child.requests.flush()
         except OSError:
             pass  # the child is gone: its answer says how
 
     def _answer(self, step: str) -> Any:
-        assert self.process.stdout is not None
+        if self.child is None:
+            raise AloneUnavailable(f"method {self.method!r} alone: no fresh process: {self._gone}")
         try:
-            outcome, value = pickle.load(self.process.stdout)
-        except (EOFError, pickle.UnpicklingError) as e:
-            returncode = self.process.wait()
+            outcome, value = pickle.load(self.child.answers)
+        except (EOFError, OSError, pickle.UnpicklingError) as e:
+            returncode = self.child.wait()
             tail = "\n".join(self.log.read_text(errors="replace").splitlines()[-OUTPUT_TAIL:])
             said = f"; its last output:\n{tail}" if tail else ""
             raise AloneUnavailable(
@@ -268,7 +251,6 @@ def _found(backend: BackendClass) -> type[Backend]:
 
 def _serve(requests: IO[bytes], answers: IO[bytes]) -> None:
     """The child's side: lower and load the method it is given, then run each call it is sent."""
-    sys.path[:0] = pickle.load(requests)
     backend, method, saved, folder = pickle.load(requests)
 
     def answer(outcome: str, value: Any) -> None:
@@ -310,11 +292,3 @@ def identity(value: Any) -> object:
     if isinstance(value, torch.Tensor):
         return (value.dtype, tuple(value.shape), digest(value))
     return repr(value)
-
-
-if __name__ == "__main__":
-    # the protocol owns the real standard input and output; what the backend prints goes to the log
-    _requests, _answers = os.fdopen(os.dup(0), "rb"), os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)
-    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-    _serve(_requests, _answers)

@@ -1,9 +1,10 @@
 """Run a call in a fresh interpreter, so a segfault or abort in native code fails one test, not the run.
 
-A child is a new ``python`` (never a fork: torch's and XNNPACK's thread pools do not survive one), so each
-call pays the child's imports: about 10 s when it imports executorch (measured on 2 cores). Use it where a
-crash is plausible, not around everything. The call travels pickled through a file; a crash keeps that file
-and names the shell command that replays it (``python -m pytest_ptn.instruments.isolation CALL ANSWER``).
+A child is a new ``python`` (never a fork of this process: torch's and XNNPACK's thread pools, started by
+its runs, do not survive one), so each call pays the child's imports: about 10 s when it imports executorch
+(measured on 2 cores); clean_interpreter forks children that do not. Use it where a crash is plausible,
+not around everything. The call travels pickled through a file; a crash keeps that file and names the shell
+command that replays it (``python -m pytest_ptn.instruments.isolation CALL ANSWER``).
 """
 
 from __future__ import annotations
