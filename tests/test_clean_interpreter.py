@@ -33,6 +33,11 @@ def report(requests: IO[bytes], answers: IO[bytes]) -> None:
     answers.flush()
 
 
+def sleep(requests: IO[bytes], answers: IO[bytes]) -> None:
+    """A child busy where no EOF reaches it (native code, a long lowering)."""
+    time.sleep(3600)
+
+
 def crash(requests: IO[bytes], answers: IO[bytes]) -> None:
     print("last words", flush=True)
     signal.raise_signal(signal.SIGSEGV)
@@ -69,7 +74,7 @@ def test_a_crash_ends_the_child_alone_and_says_how(tmp_path: Path) -> None:
 
 
 def test_nothing_outlives_the_asking_process(tmp_path: Path) -> None:
-    """The asker dies without closing anything: the clean interpreter and a child waiting on it end."""
+    """The asker dies without closing anything: the clean interpreter ends, and so does a busy child."""
     script = textwrap.dedent(
         f"""
         import os, sys
@@ -77,7 +82,7 @@ def test_nothing_outlives_the_asking_process(tmp_path: Path) -> None:
         from pytest_ptn.instruments.clean_interpreter import clean_interpreter
         interpreter = clean_interpreter()
         log = {str(tmp_path / "c.log")!r}
-        child = interpreter.spawn("test_clean_interpreter:report", __import__("pathlib").Path(log))
+        child = interpreter.spawn("test_clean_interpreter:sleep", __import__("pathlib").Path(log))
         print(interpreter.process.pid, child.pid, flush=True)
         os._exit(0)
         """

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import importlib
 import os
 import pickle
@@ -37,6 +38,8 @@ PRELOADED = ("torch", "torchao", "executorch")
 starts no thread and fills no cache."""
 MESSAGE_LIMIT = 1 << 20
 """The largest request the clean interpreter reads (a child's target, log path, environment, sys.path)."""
+PR_SET_PDEATHSIG = 1
+"""prctl(2)'s option: the signal a process gets when its parent ends."""
 REAPED_WAIT_S = 30.0
 """How long a child that closed its socket may take to exit before the clean interpreter kills it."""
 
@@ -247,6 +250,7 @@ def _fork(
         return pid
     code = 1
     try:
+        _end_with_parent()
         control.close()
         output = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(output, 1)
@@ -266,6 +270,16 @@ def _fork(
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)
+
+
+def _end_with_parent() -> None:
+    """Have the kernel kill this child when the clean interpreter ends (which it does when the asker does): a
+    child busy in native code never outlives the run. Linux only; elsewhere a child ends at its socket's
+    EOF."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() == 1:  # the clean interpreter ended before the call
+            os._exit(1)
 
 
 if __name__ == "__main__":
