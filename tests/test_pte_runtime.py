@@ -1,6 +1,6 @@
 """A runtime of .pte files (pytest_ptn.backends.pte_runtime) runs every lowering it supports, and each of its
 failures says whose it is: executorch.runtime on the same .pte gives the same values (the lowering's) or
-eager's (the runtime's own), and the causes lead with the runtime's."""
+eager's (the runtime's own), and the causes lead with the runtime's. In check_program too."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from pytest_ptn.backend import LOWERING_FAULT, RUNTIME_FAULT, resolve_backend
+from pytest_ptn.check import check_program
 from pytest_ptn.plugin import suite_path, variants
 
 
@@ -63,3 +65,37 @@ def test_a_correct_runtime_passes_where_executorch_runtime_does(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert _failures(pytester, monkeypatch, "pte_runtimes:ExecutorchRuntime@shared-state") == []
+
+
+class KVCache(torch.nn.Module):
+    """A cache prefill writes and decode reads: one buffer of both methods."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("cache", torch.zeros(4))
+
+    def prefill(self, x: torch.Tensor) -> torch.Tensor:
+        self.cache.add_(x)
+        return self.cache * 1
+
+    def decode(self, x: torch.Tensor) -> torch.Tensor:
+        return self.cache + x
+
+
+@pytest.mark.parametrize(
+    ("backend", "whose"),
+    [
+        ("pte_runtimes:IgnoresSharedBuffers@shared-state", RUNTIME_FAULT),
+        ("pte_runtimes:ExecutorchRuntime@portable", LOWERING_FAULT),
+    ],
+)
+def test_check_program_says_whose_each_failure_is(backend: str, whose: str) -> None:
+    """As the suite's failures do: a runtime that ignores share_mutable_buffers gives decode a private copy
+    where executorch.runtime gives eager's values (the runtime's own); the portable lowering's private
+    copies are what executorch.runtime gives too (the lowering's)."""
+    methods = {"prefill": (torch.ones(4),), "decode": (torch.ones(4),)}
+    findings = check_program(KVCache(), methods, backend=backend)
+    wrong = [f for f in findings if f.rule == "E1"]
+    assert wrong and all(f.method == "decode" for f in wrong), [str(f) for f in findings]
+    assert all(f.whose is not None and f.whose.endswith(f": {whose}") for f in wrong), [str(f) for f in wrong]
+    assert all(str(f).endswith(f": {whose}") for f in wrong)

@@ -72,6 +72,12 @@ class PteRuntime(Backend):
         return LOWERINGS[cls.lowering or "portable"].availability()
 
     @classmethod
+    def load_runtime(cls) -> None:
+        """executorch.runtime, which the witness runs (its import warnings contained): a runtime whose own
+        needs loading first calls this too."""
+        LOWERINGS[cls.lowering or "portable"].load_runtime()
+
+    @classmethod
     def variants(cls) -> tuple[str, ...]:
         return cls.lowerings if cls.lowering is None else ()
 
