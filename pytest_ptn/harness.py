@@ -153,6 +153,11 @@ class Case:
                 lowered[key] = e
         return lowered[key]
 
+    def replaying(self, lowered: Lowered) -> None:
+        """Make ``lowered`` (a repro bundle's artifact) the case's lowering: what its tests load, and its
+        witness too, is that file, not a new lowering."""
+        self._cache.lowered[(id(self.backend), self.scenario.name)] = lowered
+
     def lowering(self) -> Lowered | Exception | None:
         """What the session's lowering of this case gave, without lowering (None if no test lowered it yet):
         a repro bundle copies the artifact the failing test loaded."""

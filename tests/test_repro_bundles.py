@@ -210,3 +210,36 @@ def test_a_bf16_pte_bundle_replays_with_the_suites_bound(
     assert replayed({key: far, f"{WIDE_RUN}/{key}": wide + beyond}) == 1
     assert capsys.readouterr().out.startswith(f"call #0 {case.eager()[0].method}(): {key} is ")
     assert replayed({key: far, f"{WIDE_RUN}/{key}": far.double() + beyond}) == 0  # eager's noise, widened
+
+
+def test_a_runtime_bundle_replays_through_the_runtime_with_executorch_on_the_bundled_pte(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, warm_torch: None
+) -> None:
+    """A runtime of .pte files' bundle replays through that runtime, each difference saying what
+    executorch.runtime gives on the bundled .pte, also where lowering again writes another .pte: here a
+    later lowering that shares the state the bundled one copies per method (executorch.runtime on the new
+    .pte would give eager's values, and blame the runtime for the lowering's copies)."""
+    from pytest_ptn.backend import LOWERING_FAULT, resolve_backend
+    from pytest_ptn.backends import pte_runtime
+    from pytest_ptn.backends.pte import SharedStateBackend
+
+    spec = "pte_runtimes:ExecutorchRuntime@portable"
+    case = Case(resolve_backend(spec)(), BY_NAME["kv_cache"], lambda name: tmp_path / "lowered")
+    (tmp_path / "lowered").mkdir()
+    (tmp_path / "bundles").mkdir()
+    case.lower()
+    fresh = shutil.copytree(repro.write_bundle(tmp_path / "bundles", spec, case, {}), tmp_path / "elsewhere")
+    shutil.rmtree(tmp_path / "lowered")
+    monkeypatch.setitem(pte_runtime.LOWERINGS, "portable", SharedStateBackend)
+
+    assert run_script(fresh / repro.REPRO_SCRIPT) == 1
+    printed = capsys.readouterr().out.splitlines()
+    assert (
+        "note: lowering again wrote other bytes than the bundled artifact; replaying the bundled one"
+        in printed
+    )
+    calls = [line for line in printed if line.strip().startswith("call #")]
+    assert calls and all(
+        line.endswith(f"executorch.runtime on the same .pte gives the same: {LOWERING_FAULT}")
+        for line in calls
+    ), printed

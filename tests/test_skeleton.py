@@ -1,17 +1,23 @@
-"""``python -m pytest_ptn new-backend``: a package an author fills in with public hooks only, and the suite
-then judges what they wrote."""
+"""``python -m pytest_ptn new-backend [--runtime]``: a package an author fills in with public hooks only, and
+the suite then judges what they wrote."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from pytest_ptn.backend import LOWERING_FAULT, RUNTIME_FAULT
 from pytest_ptn.cli import skeleton
 from pytest_ptn.cli.main import main
 from pytest_ptn.plugin import suite_path
+from pytest_ptn.reporting import repro
 
 AS_WRITTEN = "        return super().bind(method, key, final)\n"
 BY_NAME = """\
@@ -60,3 +66,82 @@ def test_names_that_are_no_package_are_refused(tmp_path: Path) -> None:
     skeleton.write("mine", tmp_path)
     with pytest.raises(skeleton.SkeletonError, match="exists already"):
         skeleton.write("mine", tmp_path)
+
+
+STUB = '        raise NotImplementedError("myrt: fill in load_pte with your runtime")\n'
+PROGRAM_PER_METHOD = """\
+        from executorch.runtime import Runtime
+
+        class PerMethod:  # each method from a Program of its own: share_mutable_buffers is lost
+            def __init__(self) -> None:
+                self.methods: dict = {}
+
+            def load_method(self, method: str) -> None:
+                if method not in self.methods:
+                    loaded = Runtime.get().load_program(program, data_path=data)
+                    self.methods[method] = loaded.load_method(method)
+
+            def run(self, method: str, inputs: list) -> list:
+                self.load_method(method)
+                return self.methods[method].execute(inputs)
+
+        return PerMethod()
+"""
+
+
+def test_a_runtime_skeleton_filled_in_is_judged_and_its_bundle_replays_through_it(tmp_path: Path) -> None:
+    """``new-backend --runtime``, its load_pte filled with a wrapper of executorch.runtime that loads each
+    method from a Program of its own, installed by pip and run by ``pytest`` in its folder: the shared-state
+    lowering catches it by default and names the runtime, the portable lowering's own copies are named the
+    lowering's, and a failure's repro bundle replays through the installed runtime, found by its name."""
+    assert main(["new-backend", "myrt", "--runtime", "--into", str(tmp_path)]) == 0
+    root = tmp_path / "myrt-ptn"
+    runtime = root / "myrt_ptn" / "runtime.py"
+    text = runtime.read_text()
+    assert STUB in text and 'lowerings = ("portable", "shared-state", "external", "xnnpack")' in text
+    text = text.replace(STUB, PROGRAM_PER_METHOD)
+    runtime.write_text(text.replace('"external", "xnnpack")', ")"))  # the lowerings it supports
+    assert not re.search(r"\._[a-z]", text), "the skeleton needs no private name"
+    site = tmp_path / "site"
+    pip = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--no-deps",
+        "--no-build-isolation",
+        "--no-index",
+    ]
+    installed = subprocess.run(
+        [*pip, "--target", str(site), str(root)], capture_output=True, text=True, timeout=240
+    )
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    env = {**os.environ, "PYTHONPATH": str(site), "PYTEST_ADDOPTS": "-n 0"}
+    command = ["-m", "E3", "-k", "kv_cache and not bf16 and not fp16", "-p", "no:cacheprovider"]
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", *command, "--ptn-report", "out", "--ptn-repro", "bundles"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 1, run.stdout + run.stderr
+    rows = json.loads((root / "out" / "results.json").read_text())["results"]
+    whose: dict[str, set[str]] = {}
+    for r in rows:
+        calls = [line for line in r["reason"].splitlines() if line.startswith("  call #")]
+        whose.setdefault(r["backend"], set()).update(line.rsplit(": ", 1)[1] for line in calls)
+    assert whose == {"myrt@shared-state": {RUNTIME_FAULT}, "myrt@portable": {LOWERING_FAULT}}, rows
+
+    bundle = shutil.copytree(root / "bundles" / "myrt_shared-state-kv_cache", tmp_path / "elsewhere")
+    assert json.loads((bundle / repro.MANIFEST).read_text())["backend"] == "myrt@shared-state"
+    replay = subprocess.run(
+        [sys.executable, repro.REPRO_SCRIPT], cwd=bundle, env=env, capture_output=True, text=True, timeout=240
+    )
+    assert replay.returncode == 1, replay.stdout + replay.stderr
+    calls = [line for line in replay.stdout.splitlines() if line.startswith("  call #")]
+    assert calls and all(line.endswith(f"gives eager's values: {RUNTIME_FAULT}") for line in calls), (
+        replay.stdout
+    )

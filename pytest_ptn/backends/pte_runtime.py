@@ -13,7 +13,9 @@
 (pytest_ptn.backends.pte), so a runtime that ignores ``share_mutable_buffers`` is caught by
 ``myrt@shared-state`` without a backend of its own. Every failure says whose it is: the same ``.pte`` run by
 executorch.runtime (the witness) gives the same values (the lowering's, or upstream's) or eager's (the
-runtime's own). A runtime in another interpreter is one whose ``load_pte`` returns a proxy of it.
+runtime's own). A runtime in another interpreter is one whose ``load_pte`` returns a proxy of it
+(tests/remote_runtimes.py hands the .pte's bytes to a worker process). ``python -m pytest_ptn new-backend
+NAME --runtime`` writes a package with such a class to fill in.
 """
 
 from __future__ import annotations
@@ -70,6 +72,12 @@ class PteRuntime(Backend):
     @classmethod
     def availability(cls) -> Availability:
         return LOWERINGS[cls.lowering or "portable"].availability()
+
+    @classmethod
+    def load_runtime(cls) -> None:
+        """executorch.runtime, which the witness runs (its import warnings contained): a runtime whose own
+        needs loading first calls this too."""
+        LOWERINGS[cls.lowering or "portable"].load_runtime()
 
     @classmethod
     def variants(cls) -> tuple[str, ...]:

@@ -12,7 +12,9 @@ step: E2 (lowering or loading failed), E1 (a call differs from eager and from wh
 its method alone, with the numbers and, where one faulty binding accounts for it, whose data it read), and
 where the backend can show them E3-E5 (state view), P1-P5 (package view), S1-S3, S5 and S7 (storage view).
 A difference from eager that the method shows alone too (pytest_ptn.check.alone) is the backend's
-arithmetic: an A1 finding (a SHOULD) with max abs, max rel and SNR, never an E one.
+arithmetic: an A1 finding (a SHOULD) with max abs, max rel and SNR, never an E one. For a backend with a
+witness (a runtime of .pte files: executorch.runtime on the same .pte), each E1 finding says whose it is
+(``Finding.whose``, pytest_ptn.check.witness): the lowering's or upstream's, or the runtime's own.
 
 A program the rules reject, methods built separately that start a same-named mutated buffer from different
 values (P7), is checked as the conformance suite checks its P7 scenario: a backend with a package must reject
@@ -165,7 +167,7 @@ def _check(backend: Backend, program: UserProgram, sequence: list, workdir: Path
             k: [m for m, ep in inspected.items() if k in constants_of(ep)] for k in mutable_keys(inspected)
         }
         state_rules = {k: "E3" if len(methods) > 1 else "E4" for k, methods in users.items()}
-    judge = Judge(backend, program, sequence, workdir)
+    judge = Judge(backend, program, sequence, workdir, lowered)
     findings, returned, differing = judge.run(loaded, state_rules)
     if any(f.stage == Stage.LOAD for f in findings):
         return findings
@@ -174,7 +176,7 @@ def _check(backend: Backend, program: UserProgram, sequence: list, workdir: Path
     findings, accuracy = judge.apart(findings, differing, explained)
     findings += accuracy
     failed = {f.call for f in findings if f.rule != ACCURACY}
-    second = _load_reversed(backend, lowered, program)
+    second = _load_reversed(backend.load(lowered), program)
     findings += _second_copy(judge, second, state_rules, failed)
     findings += _loaded_at_first_call(judge, backend.load(lowered), state_rules, failed)
     if Capability.PACKAGE in backend.capabilities:
@@ -182,7 +184,9 @@ def _check(backend: Backend, program: UserProgram, sequence: list, workdir: Path
     if Capability.STORAGE in backend.capabilities:
         storages = topology(loaded, inspected)
         findings += storage_findings(storages, inspected)
-        if partition(storages) != partition(topology(_load_reversed(backend, lowered, program), inspected)):
+        if partition(storages) != partition(
+            topology(_load_reversed(backend.load(lowered), program), inspected)
+        ):
             findings.append(
                 Finding("S5", Stage.STORAGE, "the sharing topology depends on the order methods load in")
             )
@@ -201,13 +205,17 @@ class Judge:
     """Runs the calls on a loaded copy and tells isolation from arithmetic: a value that differs from eager
     is set beside what the backend computes for the method alone (pytest_ptn.check.alone), lowered at the
     first such value; one the method alone gives too is no isolation finding, and where the method alone
-    differs from eager that is an accuracy finding (A1)."""
+    differs from eager that is an accuracy finding (A1). Where the backend has a witness
+    (pytest_ptn.check.witness), each E1 finding says whose it is."""
 
-    def __init__(self, backend: Backend, program: UserProgram, sequence: list, workdir: Path):
+    def __init__(
+        self, backend: Backend, program: UserProgram, sequence: list, workdir: Path, lowered: Lowered
+    ):
         import torch
 
         reduced = backend.float32_computed_in()
         self.backend = backend
+        self.lowered = lowered
         self.program = program
         self.sequence = sequence
         self.workdir = workdir
@@ -221,12 +229,30 @@ class Judge:
         loaded: Loaded,
         state_rules: dict[str, str] | None,
         schedule: LoadSchedule = LoadSchedule.UP_FRONT,
+        reversed_first: bool = False,
     ) -> tuple[list[Finding], list[list[Any]], list[Compared]]:
-        """One copy's calls: its findings against eager, what each call returned, each differing value."""
+        """One copy's calls: its findings against eager, what each call returned, each differing value.
+        ``reversed_first``: the copy's methods were loaded in reverse order before the calls, as the
+        witness's then are."""
         from pytest_ptn.check.execution import run_calls
+        from pytest_ptn.check.witness import ATTRIBUTED, attributed
 
         eager, wide = self.program.eager(), self.program.wide_eager()
-        return run_calls(loaded, eager, self.sequence, state_rules, wide, schedule, self.computed_in)
+        findings, returned, differing = run_calls(
+            loaded, eager, self.sequence, state_rules, wide, schedule, self.computed_in
+        )
+        if not any(f.rule == ATTRIBUTED and f.call is not None for f in findings):
+            return findings, returned, differing
+        witness = self.backend.witness(self.lowered)
+        if witness is None:
+            return findings, returned, differing
+        theirs = _load_reversed(witness.loaded, self.program) if reversed_first else witness.loaded
+        eager, wide = self.program.eager(), self.program.wide_eager()  # fresh: the calls wrote their state
+        their_findings, _, their_differing = run_calls(
+            theirs, eager, self.sequence, None, wide, schedule, self.computed_in
+        )
+        findings, differing = attributed(witness, findings, differing, their_findings, their_differing)
+        return findings, returned, differing
 
     def apart(
         self, findings: list[Finding], differing: list[Compared], explained: set[int | None] | None = None
@@ -281,6 +307,7 @@ class Judge:
                             c.finding.method,
                             call,
                             difference,
+                            whose=c.finding.whose,
                         )
                     )
         kept = [
@@ -368,8 +395,8 @@ def _rejection(
     return []
 
 
-def _load_reversed(backend: Backend, lowered: Lowered, program: UserProgram) -> Loaded:
-    loaded = backend.load(lowered)
+def _load_reversed(loaded: Loaded, program: UserProgram) -> Loaded:
+    """``loaded``, its methods loaded last to first."""
     for name in reversed(program.methods):
         loaded.load_method(name)
     return loaded
@@ -380,7 +407,7 @@ def _second_copy(
 ) -> list[Finding]:
     """A copy loaded after the first one ran, methods in reverse order: it starts from eager's initial state
     (E4: copies share no state), and its calls match the methods alone where the first copy's did (E1)."""
-    findings, _, differing = judge.run(second, state_rules)
+    findings, _, differing = judge.run(second, state_rules, reversed_first=True)
     return [
         dataclasses.replace(f, rule="E4", detail=f"a second loaded copy: {f.detail}")
         if f.rule == "E5"

@@ -90,6 +90,9 @@ class Finding:
     difference: Difference | None = None
     explanation: str | None = None
     """What the wrong values equal, e.g. "what method 'prefill''s 'weight' would give"."""
+    whose: str | None = None
+    """Whose the failure is, for a backend with a witness (``Backend.witness``), as the witness says it:
+    "executorch.runtime on the same .pte gives eager's values: the runtime's own"."""
 
     def __str__(self) -> str:
         if self.call is not None:
@@ -103,6 +106,8 @@ class Finding:
             line += f": {self.difference}"
         if self.explanation is not None:
             line += f"; it equals {self.explanation}"
+        if self.whose is not None:
+            line += f"; {self.whose}"
         return line
 
 

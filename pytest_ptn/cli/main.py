@@ -5,7 +5,7 @@ python -m pytest_ptn list {backends,scenarios,rules} [--json]
 python -m pytest_ptn report merge A.json B.json ... -o OUTDIR [--previous OLD.json]
 python -m pytest_ptn report render DIR [-o OUTDIR]
 python -m pytest_ptn expectations update RESULTS.json [RESULTS.json ...] [--file EXPECTATIONS.toml]
-python -m pytest_ptn new-backend NAME [--into DIR]
+python -m pytest_ptn new-backend NAME [--runtime] [--into DIR]
 """
 
 from __future__ import annotations
@@ -102,9 +102,15 @@ def main(argv: list[str] | None = None) -> int:
         help="write a backend package to fill in: entry point, Backend subclass, tests",
         description="Writes NAME-ptn/ (pyproject.toml with the entry point, NAME_ptn/backend.py, tests/, "
         "README.md): the reference backend under the name NAME, green on the suite, with the lowering and "
-        "the loader's binding to replace with your own.",
+        "the loader's binding to replace with your own. With --runtime, NAME_ptn/runtime.py instead: a "
+        "runtime of .pte files (PteRuntime), run on executorch's lowerings, with load_pte to fill in.",
     )
     new_backend.add_argument("name", metavar="NAME")
+    new_backend.add_argument(
+        "--runtime",
+        action="store_true",
+        help="a runtime of .pte files: executorch lowers, your runtime loads and runs the .pte",
+    )
     new_backend.add_argument("--into", type=Path, default=Path.cwd(), metavar="DIR", help="default: here")
     new_backend.set_defaults(run=_new_backend)
     args = parser.parse_args(argv)
@@ -170,8 +176,12 @@ def _update_expectations(args: argparse.Namespace) -> int:
 
 
 def _new_backend(args: argparse.Namespace) -> int:
-    written = skeleton.write(args.name, args.into)
+    written = skeleton.write(args.name, args.into, args.runtime)
     print("\n".join(f"wrote {path}" for path in written))
     root = written[0].parent
+    if args.runtime:
+        print(f"fill in load_pte in {root / f'{args.name}_ptn' / 'runtime.py'}")
+        print(f"the entry point, in {root / 'pyproject.toml'} (or your own package's):")
+        print(skeleton.entry_point(args.name, runtime=True))
     print(f"next: cd {root} && pip install -e . && pytest")
     return 0

@@ -1,9 +1,12 @@
-"""``python -m pytest_ptn new-backend NAME``: a backend package to fill in, green on the suite as written.
+"""``python -m pytest_ptn new-backend NAME [--runtime]``: a backend package to fill in.
 
-It starts as the reference backend under a name of its own: ``lower`` is the reference lowering until it
-calls your toolchain, and its loader binds constants through ``ReferenceLoaded.bind`` until that calls
-your loader (the public hooks of pytest_ptn.reference.loader). The package registers the backend as an
-entry point and runs the conformance suite beside its own tests (``ptn_backends`` in pyproject.toml).
+It starts as the reference backend under a name of its own, green on the suite as written: ``lower`` is the
+reference lowering until it calls your toolchain, and its loader binds constants through
+``ReferenceLoaded.bind`` until that calls your loader (the public hooks of pytest_ptn.reference.loader).
+With ``--runtime`` it is a runtime of .pte files instead (pytest_ptn.backends.pte_runtime.PteRuntime): the
+lowerings are executorch's, and ``load_pte`` is the stub to fill with a call into your runtime. Either
+package registers the backend as an entry point and runs the conformance suite beside its own tests
+(``ptn_backends`` in pyproject.toml).
 """
 
 from __future__ import annotations
@@ -25,12 +28,23 @@ def class_name(name: str) -> str:
     return "".join(part.capitalize() for part in name.split("_")) + "Backend"
 
 
-def files(name: str) -> dict[str, str]:
-    """Path (relative to the new folder) -> text of each file of the skeleton of backend ``name``."""
-    package = f"{name}_ptn"
-    cls = class_name(name)
-    return {
-        "pyproject.toml": f'''[build-system]
+def runtime_class_name(name: str) -> str:
+    return class_name(name).removesuffix("Backend") + "Runtime"
+
+
+def module_and_class(name: str, runtime: bool) -> tuple[str, str]:
+    """The package's module holding the skeleton's class (``backend`` or ``runtime``), and the class."""
+    return ("runtime", runtime_class_name(name)) if runtime else ("backend", class_name(name))
+
+
+def entry_point(name: str, runtime: bool) -> str:
+    """What makes ``--ptn-backend=NAME`` find the skeleton's class: its entry point, as in pyproject.toml."""
+    module, cls = module_and_class(name, runtime)
+    return f'[project.entry-points."{ENTRY_POINT_GROUP}"]\n{name} = "{name}_ptn.{module}:{cls}"'
+
+
+def pyproject(name: str, runtime: bool) -> str:
+    return f'''[build-system]
 requires = ["setuptools>=68"]
 build-backend = "setuptools.build_meta"
 
@@ -40,17 +54,43 @@ version = "0.1.0"
 requires-python = ">=3.11"
 dependencies = ["pytest-ptn"]
 
-[project.entry-points."{ENTRY_POINT_GROUP}"]
-{name} = "{package}.backend:{cls}"
+{entry_point(name, runtime)}
 
 [tool.setuptools]
-packages = ["{package}"]
+packages = ["{name}_ptn"]
 
 [tool.pytest.ini_options]
 testpaths = ["tests"]
 ptn_backends = ["{name}"]  # the conformance suite runs on it beside tests/
+'''
+
+
+def package_files(name: str, runtime: bool) -> dict[str, str]:
+    """What both skeletons hold: pyproject.toml, the package, and the test that the backend can run here."""
+    module, cls = module_and_class(name, runtime)
+    kind = "runtime of .pte files" if runtime else "backend"
+    return {
+        "pyproject.toml": pyproject(name, runtime),
+        f"{name}_ptn/__init__.py": f'"""The {name} {kind} for pytest-ptn."""\n',
+        f"tests/test_{module}.py": f'''\
+"""The {module}'s own tests; the conformance suite runs beside them (pyproject.toml)."""
+
+from {name}_ptn.{module} import {cls}
+
+
+def test_the_{module}_can_run_here() -> None:
+    availability = {cls}.availability()
+    assert availability.available, availability.reason
 ''',
-        f"{package}/__init__.py": f'"""The {name} backend for pytest-ptn."""\n',
+    }
+
+
+def files(name: str) -> dict[str, str]:
+    """Path (relative to the new folder) -> text of each file of the skeleton of backend ``name``."""
+    package = f"{name}_ptn"
+    cls = class_name(name)
+    return {
+        **package_files(name, runtime=False),
         f"{package}/backend.py": f'''\
 """The {name} backend: fill in `lower` with your toolchain (and `loader.py` with your loader).
 
@@ -117,16 +157,6 @@ class {cls[: -len("Backend")]}Loaded(ReferenceLoaded):
         Replace with your loader's look-up. As written: shared across methods by content, never by name."""
         return super().bind(method, key, final)
 ''',
-        "tests/test_backend.py": f'''\
-"""The backend's own tests; the conformance suite runs beside them (pyproject.toml)."""
-
-from {package}.backend import {cls}
-
-
-def test_the_backend_can_run_here() -> None:
-    availability = {cls}.availability()
-    assert availability.available, availability.reason
-''',
         "README.md": f"""# {name}-ptn
 
 The `{name}` backend under the pytest-ptn conformance suite.
@@ -144,8 +174,68 @@ Fill in `lower` and `{cls}Loaded.bind` in `{package}/backend.py`. Take a baselin
     }
 
 
-def write(name: str, into: Path) -> list[Path]:
-    """Write the skeleton of backend ``name`` into the new folder ``into / <name>-ptn``; the paths written."""
+def runtime_files(name: str) -> dict[str, str]:
+    """Path (relative to the new folder) -> text of each file of the skeleton of a runtime of .pte files."""
+    package = f"{name}_ptn"
+    cls = runtime_class_name(name)
+    return {
+        **package_files(name, runtime=True),
+        f"{package}/runtime.py": f'''\
+"""The {name} runtime of .pte files: fill in `load_pte` with a call into your runtime.
+
+The suite lowers each program with executorch, once per lowering in `lowerings` (each a backend of its own:
+`{name}@portable`, `{name}@shared-state`, ...), hands the .pte to `load_pte` and compares what your runtime
+computes with eager. Every failure says whose it is: executorch.runtime on the same .pte gives the same
+values (the lowering's, or upstream's) or eager's (your runtime's own). Import your runtime inside the
+methods: the plugin imports this module whenever pytest starts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pytest_ptn.backend import Availability
+from pytest_ptn.backends.pte_runtime import PteRuntime, RuntimeProgram
+
+
+class {cls}(PteRuntime):
+    name = "{name}"
+    # the lowerings your runtime supports, of pytest_ptn.backends.pte_runtime.LOWERINGS
+    lowerings = ("portable", "shared-state", "external", "xnnpack")
+
+    @classmethod
+    def availability(cls) -> Availability:
+        """Whether this machine can run your runtime (and executorch, which lowers for it); cheap: import
+        nothing heavy here."""
+        return super().availability()
+
+    def load_pte(self, program: Path, data: Path | None) -> RuntimeProgram:
+        """A fresh copy of the .pte at `program` (`data`: its .ptd, for the external lowering), its state its
+        own: anything with `run(method, inputs) -> outputs`, the outputs as executorch's `Method.execute`
+        gives them, and `load_method(method)` if your runtime loads methods one by one. A runtime in another
+        process returns a proxy that sends the calls there."""
+        raise NotImplementedError("{name}: fill in load_pte with your runtime")
+''',
+        "README.md": f"""# {name}-ptn
+
+The `{name}` runtime of .pte files under the pytest-ptn conformance suite.
+
+```
+pip install -e .
+pytest                              # tests/ and the conformance suite on every lowering of {name}
+pytest --ptn-backend={name}@shared-state --ptn-report out/    # one lowering; out/summary.md: causes first
+```
+
+Fill in `load_pte` in `{package}/runtime.py`, and `lowerings` with those your runtime supports. Take a
+baseline of what fails today with `python -m pytest_ptn expectations update out/results.json` (one file
+per lowering, `{name}@portable.toml`, ...) and run with `--ptn-expectations=<file>`.
+""",
+    }
+
+
+def write(name: str, into: Path, runtime: bool = False) -> list[Path]:
+    """Write the skeleton of backend ``name`` (``runtime``: a runtime of .pte files) into the new folder
+    ``into / <name>-ptn``; the paths written."""
     if not NAME.match(name):
         raise SkeletonError(
             f"{name!r}: a backend name here is lower case letters, digits and _, a letter first"
@@ -154,7 +244,7 @@ def write(name: str, into: Path) -> list[Path]:
     if root.exists():
         raise SkeletonError(f"{root} exists already: choose another folder or name")
     written = []
-    for relative, text in files(name).items():
+    for relative, text in (runtime_files(name) if runtime else files(name)).items():
         path = root / relative
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")

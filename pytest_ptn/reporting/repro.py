@@ -263,10 +263,13 @@ def import_root(cls: type) -> str | None:
 def replay(case: Case, lowered: Lowered, calls: list[EagerCall]) -> list[str]:
     """Every way the bundled lowering still fails, as lines to print (none: it passes): the calls replayed
     on a fresh load (E1, E3-E5), the sharing topology where the backend shows one (S1-S3), and the methods
-    loaded in reverse order (S5): topology and calls again."""
+    loaded in reverse order (S5): topology and calls again. Through the backend the case failed on; where it
+    has a witness (a runtime of .pte files: executorch.runtime), each difference says what the witness gives
+    on the same bundled file."""
     from pytest_ptn.backend import Capability
 
     lines: list[str] = []
+    case.replaying(lowered)
     mismatches = case.run_sequence(case.loader.load(lowered), calls)
     if mismatches:
         lines += ["outputs differ from eager:", *(f"  {m}" for m in mismatches)]
@@ -301,11 +304,12 @@ def repro_script(spec: str, cls: type, scenario: str, program_spec: ProgramSpec)
     program = pprint.pformat(program_spec, width=100).replace("\n", "\n" + " " * len("SPEC = "))
     return f'''"""Replays {spec} x {scenario}, a case that failed under pytest-ptn (see {FAILURE}).
 
-Needs torch (executorch for an executorch backend) and pytest-ptn, not the run: `python {REPRO_SCRIPT}`
-from any folder. The program is lowered again only for what the backend keeps beside its file; the bundled
-artifact is what gets loaded. It replays the calls, checks the sharing topology (where the backend shows one)
-and loads the methods in reverse order; every difference is printed, and the exit status is 1 while there is
-one.
+Needs torch (executorch for an executorch backend), the backend's own package and pytest-ptn, not the run:
+`python {REPRO_SCRIPT}` from any folder. The program is lowered again only for what the backend keeps beside
+its file; the bundled artifact is what gets loaded, through {spec}. It replays the calls, checks the sharing
+topology (where the backend shows one) and loads the methods in reverse order; every difference is printed
+(for a runtime of .pte files, with what executorch.runtime gives on the bundled file), and the exit status
+is 1 while there is one.
 """
 
 import sys
