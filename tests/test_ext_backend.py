@@ -124,7 +124,7 @@ def test_availability_says_why_a_flow_cannot_run_here() -> None:
     assert set(portable.versions) >= {"executorch", "torch"}
     coreml = resolve_backend("ext:coreml").availability()
     assert not coreml.available
-    assert "lowers, but this runtime has no CoreMLBackend" in coreml.reason or "Core ML" in coreml.reason
+    assert "but this runtime has no CoreMLBackend" in coreml.reason or "Core ML" in coreml.reason
     assert "no flow 'no_such_flow'" in resolve_backend("ext:no_such_flow").availability().reason
     if "QNN" in found.skipped:  # QNN_SDK_ROOT unset, as on every machine without the SDK
         reason = resolve_backend("ext:qnn").availability().reason
