@@ -185,12 +185,60 @@ class Loaded(ABC):
         raise NotImplementedError(f"{type(self).__name__} has no memory probe")
 
 
+VARIANT_SEPARATOR = "@"
+"""``name@variant`` names one of the backends a name stands for (``Backend.variants``):
+``myrt@shared-state``."""
+
+
+RUNTIME_FAULT = "the runtime's own"
+"""A failure the witness does not show (it gives eager's values on the same artifact)."""
+LOWERING_FAULT = "the lowering's or upstream's, not the runtime's"
+"""A failure the witness shows too (the same values on the same artifact)."""
+
+
+@dataclass(frozen=True)
+class Witness:
+    """Another runtime's load of a lowered program (``Backend.witness``), and the words that name it."""
+
+    loaded: Loaded
+    by: str
+    """Who runs what, as a failure says it: ``executorch.runtime on the same .pte``."""
+
+    def says(self, same: bool, eager: bool) -> str:
+        """Whose a failure is, from whether the witness gives the backend's values or eager's."""
+        if same:
+            return f"{self.by} gives the same: {LOWERING_FAULT}"
+        if eager:
+            return f"{self.by} gives eager's values: {RUNTIME_FAULT}"
+        return f"{self.by} gives other values"
+
+
 class Backend(ABC):
     name: ClassVar[str]
     capabilities: ClassVar[frozenset[Capability]]
     tolerance: ClassVar[Tolerance | None] = None
     """What a backend that quantizes (Capability.QUANTIZE) may differ by from its converted modules, beyond
     the dtype's bound (pytest_ptn.instruments.comparison): declared by the backend, with its derivation."""
+    variant_of: ClassVar[tuple[type[Backend], str] | None] = None
+    """For a class ``variant()`` made: the class it was made from and the variant's name, which is what
+    makes it again in another process."""
+
+    @classmethod
+    def variants(cls) -> tuple[str, ...]:
+        """The backends this name stands for, run each in its own right (``name@variant``): a runtime of .pte
+        files runs every lowering it supports. None by default: the name is one backend."""
+        return ()
+
+    @classmethod
+    def variant(cls, variant: str) -> type[Backend]:
+        """The class of ``name@variant``, one of ``variants()``."""
+        known = ", ".join(cls.variants()) or "none"
+        raise BackendNotFound(f"backend {cls.name!r} has no variant {variant!r} (variants: {known})")
+
+    def witness(self, lowered: Lowered) -> Witness | None:
+        """Another runtime's load of the same artifact, whose results say whose a failure is: for a runtime of
+        .pte files, executorch.runtime's (pytest_ptn.backends.pte_runtime). None: no witness."""
+        return None
 
     @classmethod
     @abstractmethod
@@ -292,8 +340,12 @@ def resolve_backend(spec: str) -> type[Backend]:
     """A concrete backend class from an installed name or a ``module:Class`` path.
 
     Importing runs the backend's own code, so any exception it raises is reported as BackendNotFound.
-    ``ext:<flow>`` is a flow of ExecuTorch's backend test suite, looked up before ``module:Class``."""
-    if spec.startswith(EXT_PREFIX):
+    ``name@variant`` is one of the variants a backend name stands for; ``ext:<flow>`` is a flow of
+    ExecuTorch's backend test suite, looked up before ``module:Class``."""
+    if VARIANT_SEPARATOR in spec:
+        base, _, variant = spec.rpartition(VARIANT_SEPARATOR)
+        cls = resolve_backend(base).variant(variant)
+    elif spec.startswith(EXT_PREFIX):
         cls = ext_flow_backend(spec.removeprefix(EXT_PREFIX))
     elif ":" in spec:
         if not is_module_class_path(spec):

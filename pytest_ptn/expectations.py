@@ -86,6 +86,10 @@ class Expectation:
             and self.schedule in (None, schedule)
         )
 
+    def cell(self) -> str:
+        """What the entry is about: ``P6 on colliding_literals`` (``, at_first_call`` for one schedule)."""
+        return f"{self.rule} on {self.scenario}" + (f", {self.schedule}" if self.schedule else "")
+
     def describe(self) -> str:
         link = self.link or "no link yet"
         if self.intermittent:
@@ -200,6 +204,21 @@ def read(path: Path, user_scenarios: Collection[str] = ()) -> ExpectationFile:
             )  # fmt: skip
         )
     return ExpectationFile(path, backend, requires, tuple(entries))
+
+
+def matching_no_test(
+    entries: Collection[Expectation], cells: Collection[tuple[str, str | None, str | None]]
+) -> list[Expectation]:
+    """The entries no test can match: of a rule some of ``cells`` (the (rule, scenario, schedule) the
+    collected tests' functions check) are of, and matching none of them. Such an entry is counted as a known
+    failure and never reported, so it means nothing, as a stale one does (one of a rule no collected test
+    checks is left alone: the run collected part of the suite)."""
+    rules = {rule for rule, _, _ in cells}
+    return [
+        e
+        for e in entries
+        if e.rule in rules and not any(e.matches(e.backend, [r], sc, sh) for r, sc, sh in cells)
+    ]
 
 
 def shipped(suite: Path | None) -> list[Path]:

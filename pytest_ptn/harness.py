@@ -208,8 +208,8 @@ class Case:
         return out
 
     def alone(self) -> MethodsAlone:
-        """Each method of this case lowered alone by a new instance of its backend's class (loader caches
-        of its own), state explicit (pytest_ptn.check.alone): the truth isolation is judged against; shared
+        """Each method of this case lowered alone by a new instance of its backend's class in a fresh process
+        of its own, state explicit (pytest_ptn.check.alone): the truth isolation is judged against; shared
         by the case's tests, lowered at first need."""
         from pytest_ptn.check.alone import MethodsAlone
         from pytest_ptn.programs.exported import functionalize
@@ -218,7 +218,7 @@ class Case:
         if key not in self._cache.alone:
             name = self.scenario.name
             self._cache.alone[key] = MethodsAlone(
-                type(self.backend)(),
+                self.backend,
                 lambda: functionalize(self.program.export()),
                 self.program.state_fqns(),
                 lambda what: self._workdir(f"{name}-{what}"),
@@ -258,25 +258,66 @@ class Case:
         """Run the call sequence on ``loaded``, methods loaded as ``schedule`` says: every way it differs from
         what the backend computes for each method alone (E1, E3, E4, E5), where it differs from eager."""
         calls = calls if calls is not None else self.eager()
-        return self.mismatches(calls, self.run_calls(loaded, calls, schedule, state))
+        ran = self.run_calls(loaded, calls, schedule, state)
+        found = self.mismatches(calls, ran)
+        return self.attributed(found, calls, ran, schedule) if found else found
+
+    def attributed(
+        self, found: list[Mismatch], calls: list[EagerCall], ran: list[Ran], schedule: LoadSchedule
+    ) -> list[Mismatch]:
+        """``found``, each saying whose it is where the backend has a witness (``Backend.witness``: for a
+        runtime of .pte files, executorch.runtime on the same .pte), run through the same calls and schedule:
+        the same values are the lowering's (or upstream's), eager's values the runtime's own."""
+        import dataclasses
+
+        from pytest_ptn.backend import one_line
+        from pytest_ptn.instruments.comparison import equal
+
+        lowered = self.lowered()
+        witness = None if isinstance(lowered, Exception) else self.backend.witness(lowered)
+        if witness is None:
+            return found
+        try:
+            seen = self.run_calls(witness.loaded, calls, schedule)
+        except Exception as e:
+            said = f"{witness.by} raised {one_line(e)}"
+            return [dataclasses.replace(m, detail=f"{m.detail}; {said}") for m in found]
+        out = []
+        for m in found:
+            theirs, ours, call = seen[m.call].outputs, ran[m.call].outputs, calls[m.call]
+            same = len(theirs) == len(ours) and all(map(equal, ours, theirs))
+            bounds = call.output_bounds()
+            eager = len(theirs) == len(call.outputs) and all(
+                equal(t, e, b, self.tolerance, self._computed_in(e))
+                for t, e, b in zip(theirs, call.outputs, bounds, strict=True)
+            )
+            out.append(dataclasses.replace(m, detail=f"{m.detail}; {witness.says(same, eager)}"))
+        return out
 
     def mismatches(self, calls: list[EagerCall], ran: list[Ran]) -> list[Mismatch]:
         """Each output, mutated input and (where ``ran`` has it) buffer that differs from eager
         (pytest_ptn.instruments.comparison) and from what the method alone gives on this backend: an
         isolation defect. A difference the method alone shows too is its arithmetic, accuracy's business
-        (``accuracy``). Where no method alone can be had, the difference is reported against eager, saying
-        so."""
+        (``accuracy``), unless the method alone is itself far beyond the backend's accuracy on the other
+        methods (check.alone.suspects): then it stays an isolation defect, saying so. Where no method alone
+        can be had, the difference is reported against eager, saying so."""
+        from pytest_ptn.check.alone import suspects
+
         deviations, mismatches = self._deviations(calls, ran)
         if not deviations:
             return mismatches
         details, explained = self._explained(deviations, calls, ran)
         unexplained = [d for d in deviations if d.call not in explained]
         alone, unavailable = self._alone(calls) if unexplained else (None, None)
+        suspect = suspects(alone, [(c.method, c.outputs) for c in calls]) if alone is not None else {}
         for d, detail in zip(deviations, details, strict=True):
             truth = d.of(alone[d.call]) if alone is not None else None
+            method = calls[d.call].method
             if d.call not in explained and truth is not None and self._same(d, truth):
-                continue  # the method alone computes it so: accuracy, not isolation
-            if truth is not None and not self._same_as_eager(d, truth):
+                if method not in suspect:
+                    continue  # the method alone computes it so: accuracy, not isolation
+                detail += f"; {suspect[method]}"
+            elif truth is not None and not self._same_as_eager(d, truth):
                 detail += f"; alone, the method gives {_fmt(truth)}"
             if unavailable is not None and d.call not in explained:
                 detail += f" (judged against eager: {unavailable})"
@@ -328,7 +369,7 @@ class Case:
         import pytest
         import torch
 
-        from pytest_ptn.check.alone import AloneUnavailable
+        from pytest_ptn.check.alone import AloneUnavailable, suspects
         from pytest_ptn.check.findings import Difference
         from pytest_ptn.ruleset import not_applicable
 
@@ -351,6 +392,7 @@ class Case:
         except AloneUnavailable as e:
             pytest.skip(not_applicable(f"no truth of the methods alone: {e}"))
         reduced = self.backend.float32_computed_in()
+        suspect = suspects(alone, [(c.method, c.outputs) for c in calls])
         mismatches = []
         for d in deviations:
             truth = d.of(alone[d.call])
@@ -364,6 +406,8 @@ class Case:
                 detail = f"{d.what}: {difference}"
             if reduced is not None and d.want.dtype == torch.float32:
                 detail += f"; {reduced.why}"
+            if calls[d.call].method in suspect:
+                detail += f"; {suspect[calls[d.call].method]}"
             mismatches.append(Mismatch(d.call, calls[d.call].method, detail))
         return mismatches
 
@@ -515,7 +559,7 @@ def _describe(
     another method's tensor may show."""
     if ok is None:
         return f"output shape {tuple(have.shape)}, eager {tuple(want.shape)}", False
-    from pytest_ptn.instruments.comparison import allowed
+    from pytest_ptn.instruments.comparison import allowed, difference
 
     parts, read = [], False
     bound = allowed(want, computed_in=computed_in).reshape(-1)
@@ -529,12 +573,10 @@ def _describe(
             parts.append(f"value {k} (reads {name!r}) is {h:.6g}, eager {w:.6g}{seen}")
     if parts:
         return "; ".join(parts), read
-    import torch
-
     wrong = (~ok).nonzero().tolist()
     if not wrong:
         return f"output {_fmt(have)}, eager {_fmt(want)}", read
-    error = float((have.detach().to(torch.float64) - want.detach().to(torch.float64)).abs().max())
+    error = float(difference(have, want).max())
     shown = ", ".join(
         f"{i} is {float(have[tuple(i)]):.6g} (eager {float(want[tuple(i)]):.6g})" for i in wrong[:3]
     )

@@ -10,6 +10,7 @@ import importlib.util
 import random
 import sys
 from collections.abc import Callable, Generator
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,7 @@ from _pytest.reports import TestReport
 
 from pytest_ptn import expectations, upstream_noise
 from pytest_ptn.backend import (
+    VARIANT_SEPARATOR,
     Backend,
     BackendError,
     Capability,
@@ -40,7 +42,7 @@ from pytest_ptn.ruleset import (
 from pytest_ptn.run import hookspecs, stopping
 from pytest_ptn.run.state import RUN_STATE, RunState
 from pytest_ptn.schedule import LoadSchedule
-from pytest_ptn.scheduling import gpus, hangs, shards, workers
+from pytest_ptn.scheduling import crashes, gpus, hangs, shards, workers
 from pytest_ptn.spec import Scenario
 
 if TYPE_CHECKING:
@@ -118,7 +120,7 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     cli = config.getoption("ptn_backends") or []
     ini = config.getini("ptn_backends")
-    requested = list(dict.fromkeys(cli or ini or [DEFAULT_BACKEND]))
+    requested = list(dict.fromkeys(variants(cli or ini or [DEFAULT_BACKEND])))
     workerinput = getattr(config, "workerinput", None)
     seed = config.getoption("ptn_seed")
     if seed is None:  # one seed for the run: xdist workers get the controller's (pytest_configure_node)
@@ -142,9 +144,12 @@ def pytest_configure(config: pytest.Config) -> None:
     for spec in requested:
         try:
             cls = resolve_backend(spec)
-            state.availability[spec] = availability_of(spec, cls)
+            with backend_call(config, spec, "availability()"):
+                state.availability[spec] = availability_of(spec, cls)
         except BackendError as e:
             raise pytest.UsageError(f"--ptn-backend: {e}") from e
+        except hangs.HungCall as e:
+            raise pytest.UsageError(str(e)) from None
         state.classes[spec] = cls
         if state.explicit and not state.availability[spec].available:
             raise pytest.UsageError(
@@ -162,6 +167,28 @@ def pytest_configure(config: pytest.Config) -> None:
     from_args = config.args_source == pytest.Config.ArgsSource.ARGS
     if state.explicit and not from_args and suite is not None and str(suite) not in config.args:
         config.args.append(str(suite))
+
+
+def variants(specs: list[str]) -> list[str]:
+    """Each requested backend, a name that stands for several (``Backend.variants``: a runtime of .pte files
+    and the lowerings it runs) as each of them, ``name@variant``; a name that does not resolve stays as given,
+    for the usage error that names it."""
+    out = []
+    for spec in specs:
+        try:
+            found = resolve_backend(spec).variants()
+        except BackendError:
+            found = ()
+        out += [f"{spec}{VARIANT_SEPARATOR}{v}" for v in found] or [spec]
+    return out
+
+
+def backend_call(config: pytest.Config, spec: str, call: str) -> AbstractContextManager[None]:
+    """A call into backend ``spec`` outside any case: a step under the watchdog in a crash-isolated worker,
+    limited in the controller (pytest_ptn.scheduling.hangs); in-process runs have no limit."""
+    if workers.is_controller(config):
+        return hangs.limited(hangs.limit(config), f"--ptn-backend={spec}: {call}")
+    return crashes.calling(spec, call)
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -295,13 +322,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     used = {_callspec_param(item, "ptn_backend") for item in session.items}
     for spec in (s for s in state.requested if s in used):
-        state.availability[spec] = runtime_availability(state.classes[spec], state.availability[spec])
+        with backend_call(config, spec, "load_runtime()"):
+            state.availability[spec] = runtime_availability(state.classes[spec], state.availability[spec])
         if not state.availability[spec].available:
             message = (
                 f"--ptn-backend={spec} is unavailable on this machine: {state.availability[spec].reason}"
             )
             if hasattr(config, "workerinput"):
-                workers.note_unavailable(config, message)
+                workers.note_usage_error(config, message)
                 return
             raise pytest.UsageError(message)
 
@@ -334,6 +362,53 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(zoo.ZOO_TAG)
         if backend is not None:
             mark_expected(item, config.stash[RUN_STATE].expected(backend, rules, scenario, schedule))
+    refuse_entries_matching_no_test(config, items)
+
+
+def refuse_entries_matching_no_test(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """An expectation entry no test of the suite can match (P6 on a scenario no P6 test runs) is a usage
+    error naming it, as a malformed entry is: it would be counted as a known failure and never reported. In
+    an xdist worker it is written down for the controller, which ends the run with it."""
+    state = config.stash[RUN_STATE]
+    if not state.explicit:
+        return
+    entries = [
+        e
+        for spec in state.requested
+        for f in state.expectation_files
+        if f.applies_to(state.classes[spec].name, state.availability[spec].versions)
+        for e in f.entries
+    ]
+    unmatched = expectations.matching_no_test(entries, suite_cells(state, items)) if entries else []
+    if not unmatched:
+        return
+    lines = [f"{e.cell()} ({e.source})" for e in dict.fromkeys(unmatched)]
+    message = (
+        f"--ptn-expectations: {len(lines)} known failure entries match no test of the suite, and would "
+        f"never be reported; remove them, as a stale entry: {'; '.join(lines)}"
+    )
+    if hasattr(config, "workerinput"):
+        workers.note_usage_error(config, message)
+        return
+    raise pytest.UsageError(message)
+
+
+def suite_cells(state: RunState, items: list[pytest.Item]) -> set[tuple[str, str | None, str | None]]:
+    """Every (rule, scenario, schedule) the functions of the collected tests check, whichever of their
+    parameters this run selected (the zoo's scenarios too, run or not)."""
+    cells: set[tuple[str, str | None, str | None]] = set()
+    for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        if "ptn_scenario" in fixtures:
+            marker = item.get_closest_marker("ptn_scenarios")
+            scenarios: list[str | None] = [*state.names_tagged(*(marker.args if marker else ()))]
+        else:
+            scenarios = [expectations.FUZZ_SCENARIO if "ptn_fuzz" in fixtures else None]
+        schedules: list[str | None] = (
+            [s.value for s in LoadSchedule] if "ptn_schedule" in fixtures else [None]
+        )
+        cells.update((r, sc, sh) for r in rules_of(item) for sc in scenarios for sh in schedules)
+    return cells
 
 
 def mark_expected(item: pytest.Item, expected: list[expectations.Expectation]) -> None:
@@ -351,7 +426,8 @@ def mark_expected(item: pytest.Item, expected: list[expectations.Expectation]) -
 @pytest.fixture(scope="session")
 def ptn_backend(request: pytest.FixtureRequest) -> Backend:
     """The backend under test (one instance per run, so its caches live as long as a loader's would)."""
-    return request.config.stash[RUN_STATE].backend(request.param)
+    with backend_call(request.config, request.param, "__init__"):
+        return request.config.stash[RUN_STATE].backend(request.param)
 
 
 @pytest.fixture

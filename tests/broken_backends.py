@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from pytest_ptn.backend import Lowered
+from pytest_ptn.backend import Capability, Lowered
 from pytest_ptn.backends.reference import ReferenceBackend
 from pytest_ptn.instruments import content
 from pytest_ptn.reference import package as reference_package
@@ -394,6 +394,31 @@ class InstanceWideByName(_WithLoader):
         return loaded
 
     loaded = _InstanceWideLoaded
+
+
+RUNTIME_CACHE: dict[str, torch.Tensor] = {}
+"""ExecuteOnlyByName's constants, by the name its runtime gives them: module-level, as long-lived as the
+process, never cleared."""
+
+
+class _RuntimeNamesLoaded(ReferenceLoaded):
+    def bind(self, method: str, key: str, final: str) -> torch.Tensor:
+        name = key.rsplit(".", 1)[-1]
+        if name not in RUNTIME_CACHE:
+            RUNTIME_CACHE[name] = super().bind(method, key, final)
+        return RUNTIME_CACHE[name]
+
+
+class ExecuteOnlyByName(_WithLoader):
+    """E1 as a runtime's own per-process cache breaks it (the ExecuTorch CUDA delegate's, by name, per
+    process): constants keyed by the name the runtime sees (the key's last part), in a module-level dict never
+    cleared, and no view declared but EXECUTE. Only a truth that shares nothing with the program's run (each
+    method alone in a fresh process) tells its wrong values from arithmetic."""
+
+    name = "broken-e1-runtime"
+    capabilities = frozenset({Capability.EXECUTE})
+
+    loaded = _RuntimeNamesLoaded
 
 
 class _OrderedLoaded(ReferenceLoaded):

@@ -7,7 +7,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from pytest_ptn.reporting import causes, render, results
+from pytest_ptn.reporting import cause_views, causes, render, results
 from pytest_ptn.reporting.results import FAIL, PASS, XPASS, Result
 
 
@@ -118,3 +118,47 @@ def test_one_deviation_under_both_schedules_and_two_rules_is_one_cause() -> None
     found = causes.find_causes(rows)
     assert [len(c.found) for c in found] == [3, 1]
     assert found[0].summary == "outputs differ from eager at call #1 decode()"
+
+
+def _explained(call: str, label: str) -> str:
+    return f"Failed: outputs differ from eager:\n  {call}: value 0 is 1, eager 2; it equals {label}"
+
+
+PRIVATE = "what a private copy of '{}' would give (not seeing the other methods' writes)"
+ZEROED = "what '{}' starting zero-filled would give"
+
+
+def test_one_mechanism_is_one_cause_across_scenarios_and_dtypes() -> None:
+    """What a faulty-binding replay says a wrong value equals names the mechanism: a private copy of shared
+    state in five scenarios (three dtypes) is one cause, as pte without share_mutable_buffers shows it; a
+    test showing two mechanisms is the one it shows first; each cause lists its scenarios."""
+    rows = [
+        row("E1", "kv_cache", _explained("call #2 decode()", PRIVATE.format("shared.kv"))),
+        row("E3", "kv_cache", _explained("call #2 decode()", PRIVATE.format("shared.kv"))),
+        row("E1", "kv_cache_in_bf16", _explained("call #1 decode()", PRIVATE.format("shared.kv_bf16"))),
+        row("E1", "write_only_buffer", _explained("call #2 load()", PRIVATE.format("shared.last"))),
+        row(
+            "E1",
+            "nonpersistent_written",
+            _explained("call #1 step()", ZEROED.format("shared.acc"))
+            + "\n  "
+            + _explained("call #2 peek()", PRIVATE.format("shared.acc")).split("\n  ")[1],
+        ),
+        row("E5", "nonpersistent_written_in_fp16", _explained("call #0 step()", ZEROED.format("shared.acc"))),
+        row(
+            "E4",
+            "private_same_shape_buffers",
+            _explained("call #1 b()", "what buffers 'a_state' and 'b_state' in one memory would give"),
+        ),
+        row("E1", "colliding", _explained("call #1 decode()", "what method 'prefill''s 'w' would give")),
+    ]
+    found = causes.find_causes(rows)
+    assert [(c.evidence.kind, len(c.found)) for c in found] == [
+        (causes.PRIVATE_STATE, 4),
+        (causes.ZERO_STATE, 2),
+        (causes.BY_NAME, 1),
+        (causes.ONE_MEMORY, 1),
+    ]
+    assert found[0].scenarios == ["kv_cache", "kv_cache_in_bf16", "write_only_buffer"]
+    assert "private copy" in found[0].summary and "'shared.kv'" in found[0].summary
+    assert "      in kv_cache, kv_cache_in_bf16, write_only_buffer" in cause_views.text_lines(found)

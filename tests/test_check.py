@@ -116,6 +116,38 @@ def test_rules_beyond_e1_are_checked_where_the_backend_shows_them(variant: type,
     assert rule in {f.rule for f in findings}, [str(f) for f in findings]
 
 
+class Overflowing(torch.nn.Module):
+    """Two methods whose outputs hold inf and -inf, as a softmax mask or a log of zero gives."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.arange(4.0), requires_grad=False)
+
+    def prefill(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.w + torch.tensor([0.0, float("inf"), float("-inf"), 1.0])
+
+    def decode(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.log(x * self.w)  # log(0) is -inf
+
+
+def test_inf_outputs_are_values_not_findings() -> None:
+    assert check_program(Overflowing(), METHODS, CALLS) == []
+
+
+class RaisesInForward(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise ValueError("the user's own bug")
+
+
+def test_a_forward_that_raises_during_export_says_which_method() -> None:
+    """The user's error comes through as it is, with a note naming the method being exported (each method's
+    code is a ``forward`` in the traceback)."""
+    with pytest.raises(ValueError, match="the user's own bug") as raised:
+        check_program({"classify": Head(1), "regress": RaisesInForward()}, HEADS_METHODS)
+    notes = getattr(raised.value, "__notes__", [])
+    assert "pytest-ptn: raised while exporting method 'regress' (torch.export.export)" in notes, notes
+
+
 def test_default_grad_mode_does_not_blame_the_backend() -> None:
     """Trainable parameters and an in-place KV cache, not under no_grad: pte finds its state bug (decode
     reads the cache as a constant), never a lowering failure."""

@@ -44,6 +44,27 @@ def test_a_declared_tolerance_adds_to_the_bound_and_no_more() -> None:
     assert not equal(want + torch.tensor([0.09, 0.0, 0.0]), want)
 
 
+def test_inf_equals_inf_of_the_same_sign_and_nothing_else() -> None:
+    inf = float("inf")
+    want = torch.tensor([inf, -inf, 1.0, float("nan")])
+    assert equal(want.clone(), want)
+    assert not equal(torch.tensor([-inf, -inf, 1.0, float("nan")]), want)
+    assert not equal(torch.tensor([1e30, -inf, 1.0, float("nan")]), want)  # finite is never within inf
+    assert not equal(torch.tensor([inf, -inf, inf, float("nan")]), want)
+
+
+def test_an_infinite_element_leaves_the_noise_of_the_others_measured() -> None:
+    """A bf16 result with an inf beside eager's float64 run: the noise is the finite elements', not NaN."""
+    inf = float("inf")
+    want = torch.tensor([1.0, inf], dtype=torch.bfloat16)
+    wide = torch.tensor([1.05, inf], dtype=torch.float64)
+    assert equal(torch.tensor([1.09, inf]), want, wide)
+    assert not equal(torch.tensor([1.2, inf]), want, wide)
+    overflowed = torch.tensor([1.0, 1e300], dtype=torch.float64)  # inf in bf16 alone: compared exactly
+    assert equal(torch.tensor([1.0, inf]), want, overflowed)
+    assert not equal(torch.tensor([1.0, 3e38]), want, overflowed)
+
+
 def test_integers_are_exact() -> None:
     assert not equal(torch.tensor([3]), torch.tensor([2]))
     assert equal(torch.tensor([2]), torch.tensor([2]))

@@ -9,6 +9,9 @@ the single_method tests pass and every failed test names the hang.
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -31,6 +34,100 @@ class HangsOnDecode(ReferenceBackend):
     def lower(self, programs, workdir):
         if "decode" in programs:
             threading.Event().wait()  # never set: a deadlock, in C, holding no progress
+        return super().lower(programs, workdir)
+"""
+
+BEFORE_THE_FIRST_STEP = """
+import ctypes
+import os
+import time
+
+from pytest_ptn.backends.reference import ReferenceBackend
+
+
+def hang(how):
+    if how == "sleeping":
+        while True:
+            time.sleep(0.1)
+    ctypes.PyDLL(None).sleep(3600)  # in C, holding the GIL
+
+
+class HangsInInit(ReferenceBackend):
+    name = "hangs-in-init"
+    how = "sleeping"
+
+    def __init__(self):
+        hang(self.how)
+
+
+class HangsInAvailability(ReferenceBackend):
+    name = "hangs-in-availability"
+    how = "sleeping"
+
+    @classmethod
+    def availability(cls):
+        hang(cls.how)
+
+
+class HangsInLoadRuntime(ReferenceBackend):
+    name = "hangs-in-load-runtime"
+    how = "sleeping"
+
+    @classmethod
+    def load_runtime(cls):
+        hang(cls.how)
+
+
+class HangsInAvailabilityInWorkers(ReferenceBackend):
+    name = "hangs-in-availability-in-workers"
+
+    @classmethod
+    def availability(cls):
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            hang("sleeping")
+        return super().availability()
+
+
+class HangsInInitWithTheGil(HangsInInit):
+    how = "holding the GIL"
+
+
+class HangsInAvailabilityWithTheGil(HangsInAvailability):
+    how = "holding the GIL"
+
+
+class HangsInLoadRuntimeWithTheGil(HangsInLoadRuntime):
+    how = "holding the GIL"
+"""
+
+HUNG_CHILDREN = """
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from pytest_ptn.backends.reference import ReferenceBackend
+from pytest_ptn.instruments.isolation import run_isolated
+
+PIDS = Path(os.environ["PTN_TEST_PIDS"])
+
+
+def note_and_sleep():
+    with PIDS.open("a") as f:
+        print(os.getpid(), file=f)
+    time.sleep(3600)
+
+
+class HangsInItsChildren(ReferenceBackend):
+    name = "hangs-in-its-children"
+
+    def lower(self, programs, workdir):
+        if "decode" in programs:
+            child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+            with PIDS.open("a") as f:
+                print(child.pid, file=f)
+            run_isolated(note_and_sleep)  # a fresh process that never answers
         return super().lower(programs, workdir)
 """
 
@@ -121,6 +218,64 @@ def test_a_hang_under_xdist_an_expectation_lists_is_that_expected_failure(hangin
 
 
 @pytest.mark.parametrize(
+    ("backend", "call", "workers"),
+    [
+        ("HangsInInit", "__init__", "1"),
+        ("HangsInInitWithTheGil", "__init__", "2"),
+        ("HangsInLoadRuntimeWithTheGil", "load_runtime()", "1"),
+        ("HangsInLoadRuntime", "load_runtime()", "2"),
+        ("HangsInAvailability", "availability()", "1"),  # the controller's call
+        ("HangsInAvailabilityWithTheGil", "availability()", "2"),
+        ("HangsInAvailabilityInWorkers", "availability()", "2"),  # the workers' call
+    ],
+)
+def test_a_backend_that_hangs_before_its_first_step_ends_the_run_naming_the_call(
+    hanging: pytest.Pytester, backend: str, call: str, workers: str
+) -> None:
+    """A call into the backend before any case is a step: the run ends by itself, a usage error naming the
+    backend, the call and its stack, nothing passed. The controller asks availability() first, for the
+    header: a backend hanging there hangs in the controller, HangsInAvailabilityInWorkers in the workers."""
+    hanging.makepyfile(before_first_step=BEFORE_THE_FIRST_STEP)
+    result = hanging.runpytest_subprocess(
+        f"--ptn-backend=before_first_step:{backend}", "-k", "single_method and E1 and not in_bf16",
+        "-p", "no:cacheprovider", f"--ptn-timeout={LIMIT}", "-n", workers, timeout=60,
+    )  # fmt: skip
+    said = result.stdout.str() + result.stderr.str()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, said
+    assert f"calling {call}" in said or f": {call} made no progress for {LIMIT} s" in said, said
+    assert f"no progress for {LIMIT} s" in said and "before_first_step.py" in said, said
+    assert not re.search(r"\d+ passed", said), said
+
+
+def test_a_hung_workers_children_end_with_it(
+    hanging: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step hung in instruments.isolation's fresh process, with a child of the backend's beside it: the
+    test fails as hung and neither child outlives the run (with ``-s`` they held its output open)."""
+    pids = hanging.path / "pids.txt"
+    monkeypatch.setenv("PTN_TEST_PIDS", str(pids))
+    hanging.makepyfile(hung_children=HUNG_CHILDREN)
+    result = hanging.runpytest_subprocess(
+        "--ptn-backend=hung_children:HangsInItsChildren", "-k", "colliding_literals and E1 and not in_bf16",
+        "-p", "no:cacheprovider", f"--ptn-timeout={LIMIT}", "-s", timeout=120,
+    )  # fmt: skip
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+    result.stdout.fnmatch_lines([f"*hung: no progress for {LIMIT} s while lowering colliding_literals*"])
+    started = [int(p) for p in pids.read_text().split()]
+    assert len(started) >= 2, started
+    alive = []
+    for pid in started:
+        try:
+            os.kill(pid, 0)
+            alive.append(pid)
+        except ProcessLookupError:
+            pass
+    for pid in alive:
+        os.kill(pid, signal.SIGKILL)
+    assert not alive, f"left alive by the run: {alive} of {started}"
+
+
+@pytest.mark.parametrize(
     ("args", "ini", "said"),
     [
         (["--ptn-timeout=-1"], "", "--ptn-timeout: -1 is not a number of seconds >= 0"),
@@ -142,6 +297,22 @@ def test_the_limit_comes_from_the_option_then_the_ini_then_the_default(pytester:
     assert hangs.limit(pytester.parseconfig("--ptn-timeout=0")) == 0  # no limit
     pytester.makeini("[pytest]\n")
     assert hangs.limit(pytester.parseconfig()) == hangs.DEFAULT_LIMIT
+
+
+@pytest.mark.parametrize("given", ["inf", "1e10"])
+def test_a_limit_beyond_the_watchdogs_clock_is_no_limit(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, given: str
+) -> None:
+    """faulthandler cannot arm inf or 1e10 s (OverflowError in every test): they are no limit, and the
+    worker's steps run under it."""
+    assert hangs.limit(pytester.parseconfig(f"--ptn-timeout={given}")) == 0
+    monkeypatch.delenv("PYTEST_ADDOPTS")  # the default: isolation on
+    result = pytester.runpytest_subprocess(
+        "--ptn-backend=reference", "-k", "single_method and E1 and not in_bf16 and not in_fp16",
+        "-p", "no:cacheprovider", f"--ptn-timeout={given}",
+    )  # fmt: skip
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+    result.stdout.fnmatch_lines(["*crash isolation on*no time limit*", "*passed*"])
 
 
 def test_the_watchdog_ends_a_process_that_makes_no_progress(tmp_path: Path) -> None:

@@ -380,6 +380,23 @@ def test_expectations_for_another_backend_do_not_apply(pytester: pytest.Pytester
     assert result.parseoutcomes().get("passed") == 1
 
 
+def test_an_entry_that_matches_no_test_is_named_as_a_usage_error(
+    pytester: pytest.Pytester, mode: list[str]
+) -> None:
+    """P6 is a real rule and colliding_literals a real scenario, but no P6 test runs it: the entry would be
+    counted as a known failure and never reported. One of a rule the run did not collect is left alone."""
+    entry = f'rule = "P6"\nscenario = "colliding_literals"\nreason = "never checked"\nlink = "{LINK}"\n'
+    path = expectations_file(pytester, "reference", entry)
+    result = run(pytester, "--ptn-backend=reference", "-m", "P6", f"--ptn-expectations={path}", *mode)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()
+    said = result.stdout.str() + result.stderr.str()
+    assert "match no test of the suite" in said and f"P6 on colliding_literals ({path})" in said, said
+    assert SUITE is not None
+    part = run(pytester, "--ptn-backend=reference", "-m", "P9", "-k", "single_method",
+               f"--ptn-expectations={path}", str(SUITE / "test_packaging.py"), *mode)  # fmt: skip
+    assert part.ret == pytest.ExitCode.OK and part.parseoutcomes().get("passed") == 1, part.stdout.str()
+
+
 ENTRY = 'backend = "reference"\n\n[[xfail]]\n'
 
 

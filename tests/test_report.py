@@ -12,13 +12,14 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
 from pytest_ptn.cli.main import main
-from pytest_ptn.reporting import render, results
+from pytest_ptn.reporting import render, results, stream
 from pytest_ptn.reporting.matrix import build_matrix
 from pytest_ptn.ruleset import RULES, SPEC_VERSION
 
@@ -161,6 +162,96 @@ def test_terminal_matrix(suite: pytest.Pytester) -> None:
     assert matrix_line(result, "P9").split()[-2:] == ["1p", "1F"]
     assert out.index("P10") > out.index("SHOULD rules") > out.index("S1 ")
     assert "legend: F fail" in out
+
+
+PASSING = """
+import pytest
+
+@pytest.mark.ptn("P1", backend="reference", scenario="colliding_literals")
+@pytest.mark.parametrize("n", range(6))
+def test_passes(n):
+    pass
+"""
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full, a device that is always full")
+@pytest.mark.parametrize(
+    "full",
+    [["verdicts.jsonl", ".results.json.partial"], [".results.json.partial"]],
+    ids=["all", "at-the-end"],
+)
+def test_a_report_folder_that_fills_up_costs_the_report_only(
+    pytester: pytest.Pytester, full: list[str]
+) -> None:
+    """Writes into the folder fail with ENOSPC (files linked to /dev/full): from the start (the verdict stream
+    too) or only at the end. Every test runs, the exit status is the tests', one line names the folder and the
+    error, and nothing half-written is left."""
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_passing=PASSING)
+    out = pytester.path / "out"
+    out.mkdir()
+    for name in full:
+        (out / name).symlink_to("/dev/full")
+    result = run(pytester, "--ptn-report", "out")
+    said = result.stdout.str() + result.stderr.str()
+    assert "INTERNALERROR" not in said and "Traceback" not in said, said
+    result.assert_outcomes(passed=6)
+    assert result.ret == pytest.ExitCode.OK, said
+    errors = [line for line in result.outlines if "[Errno 28]" in line]
+    assert errors == [
+        f"ptn report: INCOMPLETE: cannot write in {out}: [Errno 28] No space left on device; nothing "
+        "half-written is left"
+    ], said
+    if "verdicts.jsonl" in full:
+        assert list(out.iterdir()) == []
+    else:  # the stream was written whole: `report render` makes the report from it once there is room
+        assert [p.name for p in out.iterdir()] == ["verdicts.jsonl"]
+        streamed = stream.read(out / "verdicts.jsonl")
+        assert streamed.complete and len(streamed.results) == 6
+
+
+WAITING = """
+import time
+from pathlib import Path
+
+import pytest
+
+@pytest.mark.ptn("P1", backend="reference", scenario="colliding_literals")
+def test_waits_for_the_other_run():
+    deadline = time.monotonic() + 60
+    while not Path("released").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+"""
+
+
+def test_a_report_folder_another_run_writes_is_refused_naming_it(pytester: pytest.Pytester) -> None:
+    """The first run holds the folder until it ends: a second one is a usage error naming it, and leaves its
+    report alone (it was emptied, and got the second run's results and both runs' verdicts)."""
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_waiting=WAITING, test_passing=PASSING)
+    out = pytester.path / "out"
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:ptn", "-p", "no:cacheprovider", "test_waiting.py"]
+    with (pytester.path / "first.txt").open("w") as log:
+        first = pytester.popen([*cmd, "--ptn-report", "out"], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while not (out / stream.NAME).is_file() or not (out / stream.NAME).read_text().endswith("\n"):
+            assert time.monotonic() < deadline and first.poll() is None, "the first run wrote no header"
+            time.sleep(0.1)
+        second = run(pytester, "test_passing.py", "--ptn-report", "out")
+        (pytester.path / "released").touch()
+        assert first.wait(timeout=60) == 0, (pytester.path / "first.txt").read_text()
+    finally:
+        first.kill()
+    assert second.ret == pytest.ExitCode.USAGE_ERROR, second.stdout.str()
+    named = f"*--ptn-report {out}: in use by another run, pid {first.pid} on *: *test_waiting.py*"
+    second.stderr.fnmatch_lines([f"{named}; give each run a folder of its own*"])
+    rows = load_rows(out / "results.json")
+    assert list(rows) == [("test_waits_for_the_other_run", "P1")], rows
+    streamed = stream.read(out / stream.NAME)
+    assert streamed.complete and [r.nodeid for r in streamed.results] == [
+        "test_waiting.py::test_waits_for_the_other_run"
+    ]
 
 
 def test_no_summary_without_conformance_tests(pytester: pytest.Pytester) -> None:

@@ -212,6 +212,46 @@ def test_a_run_given_a_conflicting_program_stops_naming_it(
     )
 
 
+RAISING_CONFTEST = """
+import torch
+
+from pytest_ptn.programs.user import NamedProgram
+
+
+class Encoder(torch.nn.Module):
+    def forward(self, x):
+        return x + 1
+
+
+class Decoder(torch.nn.Module):
+    def forward(self, x):
+        raise ValueError("the user's own bug")
+
+
+def pytest_ptn_programs(config):
+    x = torch.ones(4)
+    model = {"encoder": Encoder(), "decoder": Decoder()}
+    return [NamedProgram("raising", model, {"encoder": (x,), "decoder": (x,)})]
+"""
+
+
+def test_a_forward_that_raises_during_export_says_which_method(
+    pytester: pytest.Pytester, warm_torch: None
+) -> None:
+    """Both methods' code is a ``forward``: the user's error comes through, naming the method exported."""
+    pytester.makeconftest(RAISING_CONFTEST)
+    result = pytester.runpytest_inprocess(
+        "--ptn-backend=reference", "-p", "no:cacheprovider", "--collect-only"
+    )
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.stdout.fnmatch_lines(
+        [
+            "*ValueError: the user's own bug*",
+            "*raised while exporting method 'decoder' (torch.export.export)*",
+        ]
+    )
+
+
 def test_exported_programs_are_a_program() -> None:
     """A mapping of method name -> ExportedProgram, eager truth from ``ep.module()`` of a fresh copy."""
     x = torch.ones(4)

@@ -32,6 +32,7 @@ mapping, or as ``ep.example_inputs``), example inputs computed with autograd on,
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -229,6 +230,7 @@ class Judge:
         self.computed_in = getattr(torch, reduced.dtype) if reduced is not None else None
         self.precision = reduced.why if reduced is not None else None
         self._alone: list[CallAlone] | str | None = None
+        self._suspects: dict[str, str] | None = None
 
     def run(
         self,
@@ -265,7 +267,9 @@ class Judge:
                 for f in findings
             ]
             return judged, []
+        suspect = self.suspects(alone)
         arithmetic: set[int] = set()
+        suspected: dict[int, str] = {}
         accuracy = []
         for c in differing:
             call = c.finding.call
@@ -276,10 +280,15 @@ class Judge:
                 continue
             computed_in = self.computed_in if c.want.dtype == torch.float32 else None
             if equal(c.have, truth, c.wide, None, computed_in, eager=c.want):
-                arithmetic.add(id(c.finding))
+                why = suspect.get(c.finding.method or "")
+                if why is None:
+                    arithmetic.add(id(c.finding))
+                else:  # never excused: an isolation finding that says why, and an accuracy one too
+                    suspected[id(c.finding)] = why
                 difference = Difference.between(truth, c.want, c.wide, computed_in=computed_in)
                 if difference is not None:
                     said = f" ({self.precision})" if computed_in is not None else ""
+                    said += f"; {why}" if why is not None else ""
                     accuracy.append(
                         Finding(
                             ACCURACY,
@@ -290,15 +299,32 @@ class Judge:
                             difference,
                         )
                     )
-        return [f for f in findings if id(f) not in arithmetic], accuracy
+        kept = [
+            dataclasses.replace(f, detail=f"{f.detail}; {suspected[id(f)]}") if id(f) in suspected else f
+            for f in findings
+            if id(f) not in arithmetic
+        ]
+        return kept, accuracy
+
+    def suspects(self, alone: list[CallAlone]) -> dict[str, str]:
+        """The methods whose alone run is suspect (pytest_ptn.check.alone.suspects): asked by every copy's
+        run, computed once, as the alone run is."""
+        from pytest_ptn.check.alone import suspects
+        from pytest_ptn.check.execution import flat
+
+        if self._suspects is None:
+            modules = self.program.eager()
+            eager = [(name, flat(modules[name](*copy.deepcopy(args)))) for name, args in self.sequence]
+            self._suspects = suspects(alone, eager)
+        return self._suspects
 
     def isolation(self, findings: list[Finding], differing: list[Compared]) -> list[Finding]:
         """The isolation findings of another copy's run (its accuracy is the first copy's)."""
         return self.apart(findings, differing)[0]
 
     def alone(self) -> list[CallAlone] | str:
-        """What each call gives with its method alone on a new instance of the backend's class, or why
-        that cannot be had."""
+        """What each call gives with its method alone, on a new instance of the backend's class in a fresh
+        process of its own (pytest_ptn.check.alone), or why that cannot be had."""
         from pytest_ptn.check.alone import AloneUnavailable, MethodsAlone
         from pytest_ptn.programs.exported import constants_of, functionalize, mutable_keys
 
@@ -314,7 +340,7 @@ class Judge:
 
             program, workdir = self.program, self.workdir
             methods = MethodsAlone(
-                type(self.backend)(), lambda: functionalize(program.export()), initial, lambda name: workdir
+                self.backend, lambda: functionalize(program.export()), initial, lambda name: workdir
             )
             try:
                 self._alone = methods.run(self.sequence)

@@ -56,14 +56,14 @@ class Difference:
         and ``computed_in`` as the backend declares them)."""
         import torch
 
-        from pytest_ptn.instruments.comparison import FLOOR, close, snr_db
+        from pytest_ptn.instruments.comparison import FLOOR, close, difference, snr_db
 
         ok = close(have, want, wide, tolerance, computed_in)
         if bool(ok.all()):
             return None
         snr = snr_db(have, want)
+        error = difference(have, want)
         have, want = have.detach().to(torch.float64), want.detach().to(torch.float64)
-        error = (have - want).abs()
         rel = error / want.abs().clamp_min(FLOOR)
         wrong = (~ok).nonzero().tolist()[:SHOWN_ELEMENTS]
         first = tuple((tuple(i), float(have[tuple(i)]), float(want[tuple(i)])) for i in wrong)

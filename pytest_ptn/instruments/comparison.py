@@ -29,6 +29,11 @@ modules, not the float program; it computes them with integer kernels that round
 No wide run is needed where the dtype is float32 or wider (``|e - w|`` is then far below FLOOR). Integer and
 bool results are compared exactly, and so are values no arithmetic touched (E5: a buffer as loaded).
 
+inf and NaN are values: inf equals inf of the same sign and NaN equals NaN, while a finite value never equals
+an infinite one (``|have - inf|`` is inf, within an inf bound). Eager's noise is measured where eager and its
+wide run are both finite: an element that overflows in the dtype alone says nothing of the rounding of the
+others, so it is compared exactly.
+
 What stays visible: another method's same-named tensor, a private copy of shared state, a zeroed buffer change
 an element by the size of the values themselves, while the bound for bf16 is about 1.6% of the element plus
 eager's own noise at it; tests/test_comparison.py shows each broken reference variant is still caught on the
@@ -102,9 +107,10 @@ def allowed(
     bound = FLOOR * (1 + e.abs()) + 2 * eps * e.abs()
     noise_of = want if eager is None else eager
     if wide is not None and wide.shape == noise_of.shape and noise_of.numel():
-        bound = (
-            bound + 2 * (noise_of.detach().to(torch.float64) - wide.detach().to(torch.float64)).abs().max()
-        )
+        n, w = noise_of.detach().to(torch.float64), wide.detach().to(torch.float64)
+        finite = n.isfinite() & w.isfinite()
+        if bool(finite.any()):
+            bound = bound + 2 * (n - w)[finite].abs().max()
     if tolerance is not None:
         bound = bound + tolerance.atol + tolerance.rtol * e.abs()
     return bound
@@ -118,14 +124,16 @@ def close(
     computed_in: torch.dtype | None = None,
     eager: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Elementwise: ``have`` equals ``want`` within the bound (same shape required; NaN equals NaN)."""
+    """Elementwise: ``have`` equals ``want`` within the bound (same shape required; NaN equals NaN, inf
+    equals inf of the same sign and nothing else)."""
     import torch
 
     if not (want.is_floating_point() or want.is_complex()):
         return have.detach().to(want.dtype) == want.detach()
     h, e = have.detach().to(torch.float64), want.detach().to(torch.float64)
     bound = allowed(want, wide, tolerance, computed_in, eager)
-    return ((h - e).abs() <= bound) | (h.isnan() & e.isnan())
+    within = ((h - e).abs() <= bound) & h.isfinite() & e.isfinite()
+    return within | (h == e) | (h.isnan() & e.isnan())
 
 
 def equal(
@@ -140,6 +148,15 @@ def equal(
     return have.shape == want.shape and bool(close(have, want, wide, tolerance, computed_in, eager).all())
 
 
+def difference(have: torch.Tensor, want: torch.Tensor) -> torch.Tensor:
+    """``|have - want|`` elementwise in float64, 0 where the two are equal (inf and inf of the same sign
+    differ by nothing, not by NaN)."""
+    import torch
+
+    h, w = have.detach().to(torch.float64), want.detach().to(torch.float64)
+    return torch.where(h == w, 0.0, (h - w).abs())
+
+
 def snr_db(have: torch.Tensor, want: torch.Tensor) -> float:
     """Signal-to-noise ratio of ``have`` against ``want`` in dB, ``20 log10(|have| / |have - want|)`` (L2
     norms), as ExecuTorch's backend test suite reports it (its ErrorStatistics.sqnr); inf where they agree."""
@@ -147,9 +164,8 @@ def snr_db(have: torch.Tensor, want: torch.Tensor) -> float:
 
     import torch
 
-    h, w = have.detach().to(torch.float64), want.detach().to(torch.float64)
-    noise = float(torch.linalg.vector_norm(h - w))
-    signal = float(torch.linalg.vector_norm(h))
+    noise = float(torch.linalg.vector_norm(difference(have, want)))
+    signal = float(torch.linalg.vector_norm(have.detach().to(torch.float64)))
     if noise == 0:
         return math.inf
     return 20 * math.log10(signal / noise) if signal else -math.inf

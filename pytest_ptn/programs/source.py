@@ -18,6 +18,7 @@ program's input order (its ``in_spec``), as a runtime does, and the eager module
 from __future__ import annotations
 
 import copy
+import sys
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import cached_property
@@ -166,12 +167,19 @@ class UserProgram:
 
     def export(self) -> dict[str, ExportedProgram]:
         """New ExportedPrograms (a lowering may consume them), one per method, from one fresh copy."""
-        return {
-            name: entry
-            if isinstance(entry, ExportedProgram)
-            else torch.export.export(entry, *arguments(self.inputs[name]), strict=False)
-            for name, entry in self._fresh().items()
-        }
+        return {name: self._exported(name, entry) for name, entry in self._fresh().items()}
+
+    def _exported(self, name: str, entry: nn.Module | ExportedProgram) -> ExportedProgram:
+        """``entry`` exported for method ``name``; an error its code raises comes through as it is, with a
+        note naming the method (a module per method shows every method's code as ``forward``)."""
+        if isinstance(entry, ExportedProgram):
+            return entry
+        try:
+            return torch.export.export(entry, *arguments(self.inputs[name]), strict=False)
+        except Exception as e:
+            if sys.version_info >= (3, 11):
+                e.add_note(f"pytest-ptn: raised while exporting method {name!r} (torch.export.export)")
+            raise
 
     def inspected(self) -> dict[str, ExportedProgram]:
         """Functional programs to read constants and mutations from (computed once: read-only)."""

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 
 from pytest_ptn.reporting.causes import Cause
 
+MAX_SCENARIOS_NAMED = 12
+"""Scenarios a terminal cause names before it only counts the rest."""
 MAX_TESTS_SHOWN = 200
 """Test ids a Markdown or HTML cause lists before it only counts the rest."""
 
@@ -24,6 +26,16 @@ def _joined(cause: Cause) -> str:
     return f"; {cause.joined} of them show only a symptom, in a case where this cause is shown"
 
 
+def _scenarios(cause: Cause) -> list[str]:
+    """The scenarios one mechanism shows in, named where there are several."""
+    scenarios = cause.scenarios
+    if len(scenarios) < 2:
+        return []
+    more = len(scenarios) - MAX_SCENARIOS_NAMED
+    named = ", ".join(scenarios[:MAX_SCENARIOS_NAMED]) + (f" and {more} more" if more > 0 else "")
+    return [f"      in {named}"]
+
+
 def text_lines(causes: Sequence[Cause]) -> list[str]:
     if not causes:
         return []
@@ -33,6 +45,7 @@ def text_lines(causes: Sequence[Cause]) -> list[str]:
         lines += [
             f"  cause {cause.number} on {cause.backend}: {cause.summary}",
             f"      explains {cause.explains()}{_joined(cause)}",
+            *_scenarios(cause),
             f"      example: {example.title}",
             f"      reproduce: {example.result.repro}",
         ]

@@ -16,12 +16,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_ptn.backend import LOWERING_FAULT, RUNTIME_FAULT
 from pytest_ptn.reporting.matrix import Finding, findings
 from pytest_ptn.reporting.reasons import headline, strip_noise
 from pytest_ptn.reporting.results import FAIL, XPASS, Result, rule_sort_key
 from pytest_ptn.ruleset import STRICT_XPASS_PREFIX
 
 BY_NAME = "constants shared by name"
+PRIVATE_STATE = "state copied per method"
+ZERO_STATE = "state starts zero-filled"
+ONE_MEMORY = "buffers in one memory"
 SHARES_DIFFERING = "different constants share storage"
 NOT_SHARED = "identical constants not shared"
 MEMORY = "memory penalty"
@@ -36,6 +40,34 @@ SYMPTOM = "symptom"
 _READ_OTHER = re.compile(
     r"call #\d+ (?P<method>[^\s(]+)\(\).*?it read method '(?P<owner>[^']*)''s '(?P<key>[^']*)'"
 )
+_MECHANISMS = (
+    (
+        re.compile(r"it equals what a private copy of '(?P<key>[^']*)' would give"),
+        PRIVATE_STATE,
+        "each method gets a private copy of the state the program shares: a write by one method is not seen "
+        "by the others (e.g. {key!r})",
+    ),
+    (
+        re.compile(r"it equals what '(?P<key>[^']*)' starting zero-filled would give"),
+        ZERO_STATE,
+        "state starts zero-filled, not from its initial value: the lowering ships no data for it "
+        "(e.g. {key!r})",
+    ),
+    (
+        re.compile(
+            r"it equals what buffers '(?P<key>[^']*)' and '(?P<other>[^']*)' in one memory would give"
+        ),
+        ONE_MEMORY,
+        "two buffers live in one memory: a write to one changes the other (e.g. {key!r} and {other!r})",
+    ),
+)
+"""What a faulty-binding replay (pytest_ptn.check.explain) says a wrong value equals: one mechanism each,
+whatever the scenario, dtype or call; a test that shows several is the cause it shows first."""
+_EQUALS_OTHER = re.compile(
+    r"call #\d+ (?P<method>[^\s(]+)\(\).*?it equals what method '(?P<owner>[^']*)''s '(?P<key>[^']*)' "
+    r"would give"
+)
+"""A faulty-binding replay's word for the same defect as ``_READ_OTHER``'s."""
 _SHARED = re.compile(
     r"method '(?P<method>[^']*)': key '(?P<key>[^']*)' shares storage with method '(?P<owner>[^']*)''s "
     r"'(?P<owner_key>[^']*)', other bytes"
@@ -139,7 +171,7 @@ def evidence_of(result: Result) -> Evidence:
     text = result.reason
     if result.outcome == XPASS or text.startswith(STRICT_XPASS_PREFIX):
         return Evidence(STALE, (STALE,), "known failures now pass: remove their stale expectation entries")
-    read = _READ_OTHER.search(text)
+    read = _READ_OTHER.search(text) or _EQUALS_OTHER.search(text)
     if read:
         return Evidence(
             BY_NAME,
@@ -147,6 +179,10 @@ def evidence_of(result: Result) -> Evidence:
             f"the loader binds constants by name across methods: method {read['method']!r} read method "
             f"{read['owner']!r}'s {read['key']!r}, another tensor of that name",
         )
+    mechanisms = [(m, kind, said) for pattern, kind, said in _MECHANISMS if (m := pattern.search(text))]
+    if mechanisms:
+        m, kind, said = min(mechanisms, key=lambda found: found[0].start())
+        return Evidence(kind, (kind,), said.format(**m.groupdict()))
     shared = _SHARED.search(text)
     if shared and shared["key"] == shared["owner_key"]:
         return Evidence(
@@ -193,10 +229,22 @@ def evidence_of(result: Result) -> Evidence:
     return Evidence(SYMPTOM, (SYMPTOM, normalized(said)), said)
 
 
+def whose(result: Result, evidence: Evidence) -> Evidence:
+    """``evidence``, for a backend with a witness (a runtime of .pte files), saying whose the defect is: one
+    mechanism the runtime shows and executorch.runtime does not is another cause than the lowering's."""
+    if f": {RUNTIME_FAULT}" in result.reason:
+        return Evidence(evidence.kind, (*evidence.key, RUNTIME_FAULT), f"{RUNTIME_FAULT}: {evidence.summary}")
+    if f": {LOWERING_FAULT}" in result.reason:
+        said = f"{LOWERING_FAULT} (executorch.runtime does the same): {evidence.summary}"
+        return Evidence(evidence.kind, (*evidence.key, LOWERING_FAULT), said)
+    return evidence
+
+
 def find_causes(results: Iterable[Result]) -> list[Cause]:
-    """The causes of every failed test (fail or xpass), largest first, numbered from 1."""
+    """The causes of every failed test (fail or xpass), a runtime's own first, then largest first, numbered
+    from 1."""
     failing = findings(results, (FAIL, XPASS))
-    shown = [(f, evidence_of(f.result)) for f in failing]
+    shown = [(f, whose(f.result, evidence_of(f.result))) for f in failing]
     across_names = {f.result.backend: ev for f, ev in shown if ev.kind == SHARES_DIFFERING}
     # A loader that shares differing constants across names shows by-name reads too where names collide:
     # one defect, the wider one.
@@ -219,7 +267,14 @@ def find_causes(results: Iterable[Result]) -> list[Cause]:
         cause = groups.setdefault((f.result.backend, ev.key), Cause(0, ev, f.result.backend))
         cause.found.append(f)
         cause.joined += joined
-    ordered = sorted(groups.values(), key=lambda c: (-len(c.found), rule_sort_key(next(iter(c.rules)))))
+    ordered = sorted(
+        groups.values(),
+        key=lambda c: (
+            RUNTIME_FAULT not in c.evidence.key,
+            -len(c.found),
+            rule_sort_key(next(iter(c.rules))),
+        ),
+    )
     for number, cause in enumerate(ordered, 1):
         cause.number = number
     return ordered

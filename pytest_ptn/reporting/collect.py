@@ -78,6 +78,7 @@ def configure(config: pytest.Config) -> None:
         return
     outdir = config.getoption("ptn_report")
     reporter = ConformanceReporter(config, None if outdir is None else writable_folder(outdir))
+    reporter.claim()
     config.pluginmanager.register(reporter, "ptn-report")
 
 
@@ -136,6 +137,32 @@ class ConformanceReporter:
         self.stopped: str | None = None
         self.testing = False
         self.run: results.RunStatus | None = None
+        self.report_error: OSError | None = None
+        """Why the report could not be written (its stream, or its files at the end), if so."""
+        self.claimed: int | None = None
+        """The stream's file, locked for this run from the start (``stream.claim``)."""
+
+    def claim(self) -> None:
+        """The folder is this run's until it ends; one another run still writes is a usage error naming it
+        (an error opening it is the stream's, told when the run ends)."""
+        if self.outdir is None:
+            return
+        try:
+            self.claimed = stream.claim(self.outdir / stream.NAME)
+        except stream.InUse as e:
+            raise pytest.UsageError(
+                f"--ptn-report {self.outdir}: {e}; give each run a folder of its own"
+            ) from None
+        except OSError:
+            pass
+
+    def pytest_unconfigure(self) -> None:
+        """A run that ended before its session (a usage error) lets the folder go too."""
+        if self.stream is not None:
+            self.stream.close()
+        elif self.claimed is not None:
+            os.close(self.claimed)
+        self.claimed = None
 
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         """Reports of an earlier run in DIR go now: a run killed later must not leave them looking like its
@@ -146,7 +173,7 @@ class ConformanceReporter:
             (self.outdir / name).unlink(missing_ok=True)
         self.provenance = collect_provenance(self.config)
         self.stream = stream.VerdictStream(
-            self.outdir / stream.NAME, SPEC_VERSION, self.provenance, self._shard()
+            self.outdir / stream.NAME, SPEC_VERSION, self.provenance, self._shard(), self.claimed
         )
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
@@ -245,9 +272,14 @@ class ConformanceReporter:
         if not self.run.complete and session.exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.INTERRUPTED
         if self.outdir is not None:
-            self.written = render.write_reports(self.document(self.provenance), self.outdir)
+            try:
+                self.written = render.write_reports(self.document(self.provenance), self.outdir)
+            except OSError as e:  # a full disk: the run's exit status stays its tests'
+                self.report_error = e
         if self.stream is not None:
             self.stream.end(self.run)
+            if not self.written:  # the files hold the whole report when they could be written
+                self.report_error = self.report_error or self.stream.error
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         """Shown for runs with conformance tests (or a report asked for): a run of other tests in a
@@ -269,7 +301,14 @@ class ConformanceReporter:
         terminalreporter.write_sep("=", f"ptn conformance (spec v{SPEC_VERSION})")
         for line in render.render_text(self.document({}), paint, pytest_showed=True):
             terminalreporter.write_line(line)
-        if self.written:
+        if self.report_error is not None:
+            e = self.report_error
+            why = f"[Errno {e.errno}] {e.strerror}" if e.errno is not None else str(e)
+            terminalreporter.write_line(
+                f"ptn report: INCOMPLETE: cannot write in {self.outdir}: {why}; nothing half-written is left",
+                red=True,
+            )
+        elif self.written:
             others = ", ".join(p.name for p in self.written[:-1])
             terminalreporter.write_line(f"ptn report: {self.written[-1].resolve()} (and {others})")
 

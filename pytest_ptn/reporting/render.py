@@ -34,6 +34,7 @@ from pytest_ptn.reporting.results import (
     Results,
     one_line,
     save,
+    write_whole,
 )
 from pytest_ptn.ruleset import LEVELS, NOT_APPLICABLE_PREFIX, SHOULD
 
@@ -486,6 +487,6 @@ def write_reports(doc: Results, outdir: Path, changes: Sequence[CellChange] | No
             "failed": sum(f.result.outcome == XFAIL for f in intermittent),
         }
     save(doc, json_path, derived)
-    md_path.write_text(render_markdown(doc, changes), encoding="utf-8")
-    html_path.write_text(render_html(doc, changes), encoding="utf-8")
+    write_whole(md_path, render_markdown(doc, changes))
+    write_whole(html_path, render_html(doc, changes))
     return [json_path, md_path, html_path]

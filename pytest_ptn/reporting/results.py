@@ -278,9 +278,19 @@ def save(doc: Results, path: Path, derived: dict[str, Any] | None = None) -> Non
     ``derived``: what the renderings computed from the results (the causes), written beside them for
     machines; reading a file ignores it, since it follows from the results."""
     data = {**to_dict(doc), **(derived or {})}
+    write_whole(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+
+
+def write_whole(path: Path, text: str) -> None:
+    """``text`` written beside ``path`` and renamed over it; an error (a full disk) leaves nothing half
+    written, neither ``path`` nor the file beside it, and is raised."""
     partial = path.with_name(f".{path.name}.partial")
-    partial.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    partial.replace(path)
+    try:
+        partial.write_text(text, encoding="utf-8")
+        partial.replace(path)
+    except OSError:
+        partial.unlink(missing_ok=True)
+        raise
 
 
 # --- merge and diff -----------------------------------------------------------------------------------

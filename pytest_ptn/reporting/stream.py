@@ -11,12 +11,26 @@ Lines, each one JSON object: a header (``schema``, ``version``, ``spec_version``
 ``{"selected": M}`` once the selection is known, ``{"test": NODEID, "rows": [...]}`` per finished test (a
 later line for the same test replaces an earlier one), and ``{"end": RUN}`` (results.json's ``run``) when
 the run finished its reports. A last line cut short by a kill is ignored.
+
+A folder is one run's: the stream's file is locked (``flock``, released however the run ends, a SIGKILL
+too) from the plugin's start to the run's end, and a second run given the folder meanwhile is refused,
+naming the first from its header's ``writer`` (``claim``); it neither empties the folder nor mixes its
+verdicts into the first run's.
+
+A stream that cannot be written (a full disk) stops there, and is removed: the run goes on, its verdicts
+reach pytest, and the reporter says, once, that its report is incomplete and why (``error``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import json
 import os
+import shlex
+import socket
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -35,12 +49,56 @@ KILLED = (
 )
 
 
-class VerdictStream:
-    """The writing end, owned by the controller's reporter."""
+class InUse(Exception):
+    """Another run, still going, writes this stream; the message names it."""
 
-    def __init__(self, path: Path, spec_version: str, provenance: dict[str, str], shard: str | None) -> None:
+
+def claim(path: Path) -> int:
+    """The stream's file, open and locked for this run, as the other run left it (emptied once the run
+    starts). InUse if a run that is still going holds it; OSError if it cannot be opened."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise InUse(f"in use by another run, {writer_of(path)}") from None
+    return fd
+
+
+def writer_of(path: Path) -> str:
+    """The run that writes ``path``, in words, from its header."""
+    try:
+        with path.open(encoding="utf-8") as f:
+            header = json.loads(f.readline())
+        writer, started = header["writer"], header["provenance"]["time"]
+        return f"pid {writer['pid']} on {writer['host']}, started {started}: {writer['command']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "which has not written its header yet"
+
+
+class VerdictStream:
+    """The writing end, owned by the controller's reporter; ``fd``: the file as ``claim`` gave it (claimed
+    now when not given)."""
+
+    def __init__(
+        self,
+        path: Path,
+        spec_version: str,
+        provenance: dict[str, str],
+        shard: str | None,
+        fd: int | None = None,
+    ) -> None:
         self.path = path
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        self.error: OSError | None = None
+        """Why the stream stopped being written, if it did (it is gone then)."""
+        self._fd: int | None = fd
+        try:
+            if self._fd is None:
+                self._fd = claim(path)
+            if os.fstat(self._fd).st_size:  # an earlier run's stream
+                os.ftruncate(self._fd, 0)
+        except OSError as e:
+            self._stop(e)
         self._synced = time.monotonic()
         header = {
             "schema": SCHEMA,
@@ -48,8 +106,15 @@ class VerdictStream:
             "spec_version": spec_version,
             "provenance": provenance,
             "shard": shard,
+            "writer": {"pid": os.getpid(), "host": socket.gethostname(), "command": shlex.join(sys.argv)},
         }
         self._append(header, sync=True)
+
+    def close(self) -> None:
+        """Let the file go (and the folder with it)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def selected(self, count: int) -> None:
         self._append({"selected": count}, sync=True)
@@ -59,14 +124,28 @@ class VerdictStream:
 
     def end(self, run: results.RunStatus) -> None:
         self._append({"end": asdict(run)}, sync=True)
-        os.close(self._fd)
+        self.close()
 
     def _append(self, line: dict[str, Any], sync: bool = False) -> None:
-        os.write(self._fd, (json.dumps(line, ensure_ascii=False) + "\n").encode())
-        now = time.monotonic()
-        if sync or now - self._synced >= FSYNC_INTERVAL_S:
-            os.fsync(self._fd)
-            self._synced = now
+        if self._fd is None:
+            return
+        data = (json.dumps(line, ensure_ascii=False) + "\n").encode()
+        try:
+            if os.write(self._fd, data) < len(data):  # the disk filled up mid-line
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            now = time.monotonic()
+            if sync or now - self._synced >= FSYNC_INTERVAL_S:
+                os.fsync(self._fd)
+                self._synced = now
+        except OSError as e:
+            self._stop(e)
+
+    def _stop(self, error: OSError) -> None:
+        """The stream cannot be written: it goes (a partial stream would read as a run killed midway)."""
+        self.error = error
+        self.close()
+        with contextlib.suppress(OSError):
+            self.path.unlink(missing_ok=True)
 
 
 def read(path: Path) -> results.Results:

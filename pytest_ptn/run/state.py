@@ -94,6 +94,12 @@ class RunState:
         zoo_models = zoo.tagged(*tags) if self.run_zoo else []
         return [*catalogue.tagged(*tags), *zoo_models, *users]
 
+    def names_tagged(self, *tags: str) -> list[str]:
+        """The names of every scenario carrying ``tags`` that a run can have, the zoo's whether this run has
+        them or not (nothing built)."""
+        users = [u.name for u in self.user_scenarios().values() if set(tags) <= u.tags]
+        return [*(s.name for s in catalogue.tagged(*tags)), *(m.name for m in zoo.tagged(*tags)), *users]
+
     def scenario(self, name: str) -> Scenario | UserScenario:
         """A scenario by name; zoo.ZooUnavailable for a zoo model that no longer builds."""
         if name in zoo.BY_NAME:

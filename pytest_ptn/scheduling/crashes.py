@@ -14,10 +14,12 @@ Nothing here imports torch: the controller never does.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import json
 import os
 import signal
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -49,14 +51,24 @@ class CrashedEarlier(Exception):
 
 @dataclass
 class Step:
-    """What a worker is doing inside a case, written down before it does it."""
+    """What a worker is doing inside a case, written down before it does it; outside any case (no
+    ``scenario``): a call into the backend itself (``calling availability()``)."""
 
     backend: str
     scenario: str
     step: str
 
     def describe(self) -> str:
-        return f"{self.step} {self.scenario} on {self.backend}"
+        return (
+            f"{self.step} {self.scenario} on {self.backend}"
+            if self.scenario
+            else f"{self.step} of {self.backend}"
+        )
+
+    @property
+    def backend_call(self) -> bool:
+        """A call into the backend outside any case: the backend cannot run at all when it dies in one."""
+        return not self.scenario
 
 
 class WorkerLog:
@@ -97,8 +109,12 @@ _fault: IO[str] | None = None
 
 def start_worker(folder: Path, worker_id: str, limit: float = 0.0) -> None:
     """This process is a worker: last words and faulthandler's dump go to the run folder, and a step that
-    makes no progress for ``limit`` seconds (0: no limit) ends it."""
+    makes no progress for ``limit`` seconds (0: no limit) ends it. It leads a process group of its own, so
+    that what its steps start (instruments.isolation's fresh process, a backend's compiler) ends with it:
+    faulthandler's watchdog ends the worker alone, and the controller ends its group (``end_group``)."""
     global _worker, _fault
+    with contextlib.suppress(OSError):  # already a session leader: the group is its own
+        os.setpgrp()
     _fault = (folder / f"{worker_id}.fault").open("w")
     faulthandler.enable(file=_fault, all_threads=False)
     _worker = WorkerLog(folder, worker_id, hangs.Watchdog(limit, _fault))
@@ -138,6 +154,30 @@ def enter(backend: str, scenario: str, step: str, known: bool = True) -> None:
     """Called before each backend step of a case (a no-op outside an isolated worker)."""
     if _worker is not None:
         _worker.enter(Step(backend, scenario, step), known)
+
+
+@contextlib.contextmanager
+def calling(backend: str, call: str) -> Iterator[None]:
+    """A call into the backend outside any case (``__init__``, ``availability()``, ``load_runtime()``): a step
+    under the watchdog, after which no clock runs (a no-op outside an isolated worker)."""
+    if _worker is None:
+        yield
+        return
+    _worker.enter(Step(backend, "", f"calling {call}"), known=False)
+    try:
+        yield
+    finally:
+        _worker.idle()
+
+
+def last_step(folder: Path, worker_id: str) -> Step | None:
+    """The step a worker last said it was entering, if any."""
+    try:
+        said = json.loads(_read(folder / f"{worker_id}.last") or "{}")
+    except ValueError:
+        return None
+    step = said.get("step") if isinstance(said, dict) else None
+    return Step(**step) if isinstance(step, dict) else None
 
 
 def _step_key(step: Step) -> str:
@@ -192,10 +232,24 @@ def how_it_died(returncode: int | None, fault: str) -> str:
     return "died without a fatal-error report (os._exit, SIGKILL or the out-of-memory killer)"
 
 
+def _popen(worker: Any) -> Any:
+    """The worker's process (subprocess.Popen), where execnet's popen gateway has one."""
+    return getattr(getattr(getattr(worker, "gateway", None), "_io", None), "popen", None)
+
+
+def end_group(worker: Any) -> None:
+    """A worker is down: whatever is left of its process group (a hung child it waited on, now orphaned and
+    holding the run's output pipe open) is killed, so that a run leaves no process of its own behind."""
+    popen = _popen(worker)
+    if popen is None:
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(popen.pid, signal.SIGKILL)
+
+
 def worker_returncode(worker: Any) -> int | None:
     """The dead worker's exit status, where execnet's popen gateway can tell it."""
-    io = getattr(getattr(worker, "gateway", None), "_io", None)
-    popen = getattr(io, "popen", None)
+    popen = _popen(worker)
     if popen is None:
         return None
     try:

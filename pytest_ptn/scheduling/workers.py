@@ -16,8 +16,9 @@ from pytest_ptn.ruleset import WAITS_FOR_CLOCK
 from pytest_ptn.run.state import RunState
 from pytest_ptn.scheduling import crashes, hangs
 
-UNAVAILABLE = "unavailable.txt"
-"""In the run folder: why a requested backend cannot run, as a worker found when it loaded its runtime."""
+USAGE_ERROR = "usage-error.txt"
+"""In the run folder: the usage error a worker found (a requested backend that cannot run, as it loaded its
+runtime; an expectation entry that matches no test)."""
 
 CRASH_RESTARTS = 1000
 """Worker restarts a run allows when ``--max-worker-restart`` is not given: a crashed step is not retried, so
@@ -57,18 +58,23 @@ class Xdist:
         node.workerinput["ptn_sys_path"] = list(sys.path)
 
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
-        """A worker has collected; one that found a requested backend cannot run here ends the run as the
-        usage error it is, before any test is scheduled."""
+        """A worker has collected; one that found a usage error (a requested backend cannot run here) ends
+        the run with it, before any test is scheduled."""
         self.collected.add(node.gateway.id)
         try:
-            unavailable = (self.run_folder / UNAVAILABLE).read_text()
+            error = (self.run_folder / USAGE_ERROR).read_text()
         except OSError:
             return
-        pytest.exit(unavailable, returncode=pytest.ExitCode.USAGE_ERROR)
+        pytest.exit(error, returncode=pytest.ExitCode.USAGE_ERROR)
 
     def pytest_testnodedown(self, node: Any, error: object | None) -> None:
-        """A worker that dies before it has collected would die again in its replacement: end the run."""
+        """A worker that dies before it has collected would die again in its replacement: end the run, as a
+        usage error naming the call where it died in a call into the backend. A worker that died takes
+        what is left of its process group with it (one that finished is still exiting: it ends its own)."""
+        if error is not None:
+            crashes.end_group(node)
         if error is not None and self.state.explicit and node.gateway.id not in self.collected:
+            self.refuse_backend(node, "before its first test")
             pytest.exit(
                 f"ptn: xdist worker {node.gateway.id} died before collecting the tests ({error}); its own "
                 "output is above. Run in-process with -n 0 to see the error where it happens.",
@@ -140,6 +146,28 @@ class Xdist:
         config.option.loadscopereorder = False  # largest unit first would put every single test last
         return CaseScheduling(config, log)
 
+    def refuse_backend(self, worker: Any, nodeid: str) -> None:
+        """End the run as a usage error if ``worker`` died (crashed, or hung past the limit) in a call into
+        the backend outside any case (its ``__init__``, ``availability()``, ``load_runtime()``): no test of
+        it can run."""
+        worker_id = getattr(getattr(worker, "gateway", None), "id", "?")
+        step = crashes.last_step(self.run_folder, worker_id)
+        if step is None or not step.backend_call:
+            return
+        text = crashes.crash_report(
+            self.run_folder,
+            worker_id,
+            crashes.worker_returncode(worker),
+            nodeid,
+            None,
+            {},
+            hangs.limit(self.config),
+        )
+        pytest.exit(
+            f"--ptn-backend={step.backend} cannot run: its worker {text}",
+            returncode=pytest.ExitCode.USAGE_ERROR,
+        )
+
     @pytest.hookimpl(tryfirst=True)
     def pytest_handlecrashitem(self, crashitem: str, report: pytest.TestReport, sched: Any) -> None:
         """The test a dead worker was running fails with the signal (or, for a worker the watchdog ended,
@@ -147,6 +175,7 @@ class Xdist:
         reports), never as a bare "worker crashed". A crash or hang an expectation lists is that expected
         failure, as the worker's strict xfail would have made it (one that passes instead fails there as
         stale)."""
+        self.refuse_backend(getattr(report, "node", None), crashitem)
         properties = crashes.read_properties(self.run_folder, crashitem)
         found = dict(properties)
         spec = found.get("ptn_backend", "")
@@ -186,9 +215,7 @@ class CrashIsolatedWorker:
         self.folder = Path(config.workerinput["ptn_run_folder"])  # type: ignore[attr-defined]
         self.worker_id = str(config.workerinput["workerid"])  # type: ignore[attr-defined]
         self.limit = hangs.limit(config)
-
-    def pytest_sessionstart(self) -> None:
-        crashes.start_worker(self.folder, self.worker_id, self.limit)
+        crashes.start_worker(self.folder, self.worker_id, self.limit)  # before the backend's availability()
 
     @pytest.hookimpl(tryfirst=True)  # before xdist tells the controller, which schedules from them
     def pytest_collection_finish(self, session: pytest.Session) -> None:
@@ -215,9 +242,9 @@ def is_controller(config: pytest.Config) -> bool:
     return not hasattr(config, "workerinput") and bool(config.getoption("numprocesses", None))
 
 
-def note_unavailable(config: pytest.Config, message: str) -> None:
-    """In a worker: a requested backend cannot run here, for the controller to end the run with."""
-    (Path(config.workerinput["ptn_run_folder"]) / UNAVAILABLE).write_text(message)  # type: ignore[attr-defined]
+def note_usage_error(config: pytest.Config, message: str) -> None:
+    """In a worker: a usage error, for the controller to end the run with once the worker has collected."""
+    (Path(config.workerinput["ptn_run_folder"]) / USAGE_ERROR).write_text(message)  # type: ignore[attr-defined]
 
 
 def one_worker_by_default(config: pytest.Config) -> None:
