@@ -18,11 +18,14 @@ testers): it happens only when an ``ext:`` backend is asked for, never when the 
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import functools
 import importlib.util
 import logging
 import os
 import re
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
@@ -41,7 +44,7 @@ from pytest_ptn.backend import (
     one_line,
     package_version,
 )
-from pytest_ptn.backends import tosa_reference
+from pytest_ptn.backends import probe_cache, tosa_reference
 from pytest_ptn.backends.pte import PteLoaded, PteLowered, executorch_program, lower_to_pte
 from pytest_ptn.instruments.comparison import Tolerance
 
@@ -70,6 +73,9 @@ PROVIDED_BY: dict[str, tuple[str, str]] = {
 """A module a group of flows imports -> (the distribution that provides it, this project's extra that
 installs it): a reason that names a missing module names what to install."""
 NO_MODULE = re.compile(r"No module named '(?P<module>[\w.]+)'")
+
+PROBE = "a one-Linear program"
+"""What a flow whose delegate this runtime lacks is lowered on, to say truly whether it lowers here."""
 
 RUNTIME_ELSEWHERE: dict[str, str] = {
     "EthosUBackend": "an Ethos-U NPU to run on: the Corstone-300/320 FVP or a device",
@@ -126,6 +132,11 @@ def install_hint(why: str) -> str:
         return why
     dist, extra = provided
     return f"{why} (module of {dist}: pip install 'pytest-ptn[{extra}]')"
+
+
+def distributions(flow: Any) -> tuple[str, ...]:
+    """The distributions a flow's verdicts (and whether it lowers here) depend on."""
+    return ("executorch", "torch", *TOOLCHAINS.get(flow.backend, ()))
 
 
 @functools.cache
@@ -251,8 +262,7 @@ class ExtFlowBackend(Backend):
         if cls.flow_name not in found.flows:
             return Availability(False, found.why_not_registered(cls.flow_name))
         flow = cls.flow()
-        dists = ("executorch", "torch", *TOOLCHAINS.get(flow.backend, ()))
-        versions = {d: v for d in dists if (v := package_version(d)) is not None}
+        versions = {d: v for d in distributions(flow) if (v := package_version(d)) is not None}
         try:
             delegates = cls.delegates()
         except Exception as e:
@@ -286,18 +296,41 @@ class ExtFlowBackend(Backend):
 
     @classmethod
     def _tried(cls, missing: list[str], registered: frozenset[str]) -> str:
-        """Why a flow whose delegates this runtime lacks cannot run, from lowering a one-Linear program
-        through it: either lowering fails here (and how), or it lowers and writes a .pte no runtime here
-        loads, and what would."""
+        """Why a flow whose delegates this runtime lacks cannot run, from lowering ``PROBE`` through it (kept
+        until the installed versions or PATH change: pytest_ptn.backends.probe_cache): either lowering fails
+        here (and how), or it lowers and writes a .pte no runtime here loads, and what would."""
         flow, has = cls.flow(), ", ".join(sorted(registered)) or "none"
-        failed = lowering_fails(cls.flow_name)
+        depends_on = {"probe": f"lowering {PROBE}", **probe_cache.environment(distributions(flow))}
+        failed = probe_cache.remembered(
+            f"lowers-{cls.name.replace(':', '-')}", depends_on, cls.lowering_fails
+        )
         if failed:
-            return f"flow {flow.name!r} does not lower here (tried on a one-Linear program): {failed}"
+            return f"flow {flow.name!r} does not lower here (tried on {PROBE}): {failed}"
         needs = "; ".join(f"{d} needs {RUNTIME_ELSEWHERE[d]}" for d in missing if d in RUNTIME_ELSEWHERE)
         return (
             f"flow {flow.name!r} lowers and writes a .pte here, but this runtime has no {', '.join(missing)} "
             f"to load it (it has: {has})" + (f"; {needs}" if needs else "")
         )
+
+    @classmethod
+    def lowering_fails(cls) -> str | None:
+        """What lowering ``PROBE`` through the flow raises here (quantized first by the flow, if it
+        quantizes), as one line; None where it lowers and writes its .pte. What the flow prints meanwhile,
+        through Python or from native code, is dropped."""
+        import torch
+
+        backend = cls()
+        torch.manual_seed(0)
+        module: torch.nn.Module = torch.nn.Linear(4, 4).eval()
+        inputs = (torch.randn(1, 4),)
+        try:
+            with upstream_noise.contained(), tempfile.TemporaryDirectory() as tmp, _printing_dropped():
+                if Capability.QUANTIZE in backend.capabilities:
+                    module = backend.quantize(module, inputs)
+                backend.lower({"forward": torch.export.export(module, inputs)}, Path(tmp))
+        except Exception as e:
+            return one_line(e)
+        return None
 
     def keeps_no_state(self) -> str | None:
         return tosa_reference.STATEFUL if self.on_reference_model() else None
@@ -344,26 +377,6 @@ class ExtFlowBackend(Backend):
             return tosa_reference.ReferenceModelLoaded(lowered)
         assert isinstance(lowered, PteLowered)
         return PteLoaded(lowered)
-
-
-@functools.cache
-def lowering_fails(flow_name: str) -> str | None:
-    """What lowering a one-Linear program through the flow raises here (quantized first by the flow, if it
-    quantizes), as one line; None where it lowers and writes its .pte."""
-    import torch
-
-    backend = flow_backend(flow_name)()
-    torch.manual_seed(0)
-    module: torch.nn.Module = torch.nn.Linear(4, 4).eval()
-    inputs = (torch.randn(1, 4),)
-    try:  # Arm's quantizer and Core ML's converter print their progress: not the caller's to read
-        with upstream_noise.contained(), tempfile.TemporaryDirectory() as tmp, _printing_dropped():
-            if Capability.QUANTIZE in backend.capabilities:
-                module = backend.quantize(module, inputs)
-            backend.lower({"forward": torch.export.export(module, inputs)}, Path(tmp))
-    except Exception as e:
-        return one_line(e)
-    return None
 
 
 def listing() -> list[tuple[str, type[ExtFlowBackend] | None, str]]:
@@ -415,8 +428,26 @@ def flow_backend(flow: str) -> type[ExtFlowBackend]:
 
 @contextmanager
 def _printing_dropped() -> Iterator[None]:
-    with open(os.devnull, "w") as devnull, redirect_stdout(devnull), redirect_stderr(devnull):
-        yield
+    """Nothing printed inside reaches the caller's stdout (``list backends --json`` writes there): Arm's
+    quantizer and Core ML's converter print their progress through Python, Vela its command stream from
+    native code straight to file descriptor 1, through C's buffer (flushed before it is put back)."""
+    sys.stdout.flush()
+    kept = os.dup(1)
+    try:
+        with open(os.devnull, "w") as devnull, redirect_stdout(devnull), redirect_stderr(devnull):
+            os.dup2(devnull.fileno(), 1)
+            try:
+                yield
+            finally:
+                _flush_c_stdio()
+    finally:
+        os.dup2(kept, 1)
+        os.close(kept)
+
+
+def _flush_c_stdio() -> None:
+    with contextlib.suppress(OSError, AttributeError):  # no C library by that name (Windows)
+        ctypes.CDLL(None).fflush(None)
 
 
 @contextmanager
