@@ -133,6 +133,32 @@ def test_check_program_runs_a_two_method_program_on_the_reference_model() -> Non
     assert [(f.method, f.call) for f in wrong] == [("decode", 1)], findings
 
 
+@pytest.mark.extra("arm")
+def test_each_method_alone_runs_on_the_reference_model_in_a_fresh_process(tmp_path: Path) -> None:
+    """The truth isolation is judged by (pytest_ptn.check.alone): the flow's class is made at run time, so
+    no module attribute names it for pickle, and a fresh process makes it again from the backend's name."""
+    from pytest_ptn.check.alone import MethodsAlone
+    from pytest_ptn.programs.exported import functionalize
+
+    heads = TwoHeads()
+    x = torch.randn(2, 4)
+    alone = MethodsAlone(
+        resolve_backend("ext:arm_tosa_fp")(),
+        lambda: functionalize(
+            {
+                "prefill": torch.export.export(heads.first, (x,)),
+                "decode": torch.export.export(heads.second, (x,)),
+            }
+        ),
+        {},
+        lambda name: tmp_path / name,
+    )
+    prefill, decode = alone.run([("prefill", (x,)), ("decode", (x,))])
+    with torch.no_grad():
+        torch.testing.assert_close(prefill.outputs[0], heads.prefill(x))
+        torch.testing.assert_close(decode.outputs[0], heads.decode(x))
+
+
 class Counter(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
