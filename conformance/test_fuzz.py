@@ -33,7 +33,7 @@ def test_generated_programs_match_eager(
     failed: list[ProgramSpec] = []
 
     @ptn_fuzz
-    @given(program_specs())
+    @given(program_specs(stateful=ptn_backend.keeps_no_state() is None))
     def check(spec: ProgramSpec) -> None:
         crashes.attach(f"the program, as a test:\n\n{reproducer(spec)}")  # shown if the backend crashes
         crashes.enter(ptn_backend.name, "a generated program", "checking", known=False)  # one step each

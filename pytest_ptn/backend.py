@@ -258,6 +258,11 @@ class Backend(ABC):
         """The coarser dtype this backend computes float32 programs in on this machine; None: float32."""
         return None
 
+    def keeps_no_state(self) -> str | None:
+        """Why this backend keeps no mutable buffer from one call to the next (each call runs on its own, as
+        on a simulator), or None: a program that writes state is then not applicable to it, never passed."""
+        return None
+
     def unsupported(self, scenario: Scenario) -> str | None:
         """Why this backend cannot express ``scenario`` at all (reported as not applicable), or None."""
         return None

@@ -465,6 +465,10 @@ def ptn_case(
     reason = ptn_backend.unsupported(ptn_scenario) if isinstance(ptn_scenario, Scenario) else None
     if reason:
         pytest.skip(not_applicable(f"{ptn_backend.name} cannot express {ptn_scenario.name}: {reason}"))
+    stateless = ptn_backend.keeps_no_state()
+    if stateless and isinstance(ptn_scenario, Scenario) and ptn_scenario.spec.written():
+        name = f"{ptn_backend.name} on {ptn_scenario.name}"
+        pytest.skip(not_applicable(f"{name}, a program that writes state: {stateless}"))
     state = request.config.stash[RUN_STATE]
     return Case(ptn_backend, ptn_scenario, lambda name: tmp_path_factory.mktemp(name), state.lowerings)
 

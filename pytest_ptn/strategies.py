@@ -134,9 +134,9 @@ class _Drawn:
 
 
 @st.composite
-def _drawn_method(draw: st.DrawFn, max_constants: int) -> _Drawn:
+def _drawn_method(draw: st.DrawFn, max_constants: int, stateful: bool) -> _Drawn:
     name = METHOD_NAMES[draw(st.integers(0, len(METHOD_NAMES) - 1))]
-    fitting = [s for s in METHOD_SHAPES if len(s.slots) <= max_constants]
+    fitting = [s for s in METHOD_SHAPES if len(s.slots) <= max_constants and (stateful or s.state is None)]
     shape = fitting[draw(st.integers(0, len(fitting) - 1))]
     n = len(shape.slots)
     names = tuple(draw(st.lists(st.sampled_from(NAMES), min_size=n, max_size=n, unique=True)))
@@ -146,8 +146,10 @@ def _drawn_method(draw: st.DrawFn, max_constants: int) -> _Drawn:
 
 @st.composite
 def program_specs(
-    draw: st.DrawFn, max_methods: int = 4, max_constants: int = 3, max_calls: int = 6
+    draw: st.DrawFn, max_methods: int = 4, max_constants: int = 3, max_calls: int = 6, stateful: bool = True
 ) -> ProgramSpec:
+    """A program of colliding names; ``stateful=False``: no method writes state (for a backend that keeps
+    none between calls), its methods drawn from the shapes that only read."""
     shared: tuple[Constant, ...] = ()
     if draw(st.booleans()):
         names = draw(st.lists(st.sampled_from(NAMES), min_size=len(ROOT), max_size=len(ROOT), unique=True))
@@ -158,7 +160,7 @@ def program_specs(
     # only the last.
     drawn = draw(
         st.lists(
-            _drawn_method(max_constants),
+            _drawn_method(max_constants, stateful),
             unique_by=lambda m: m.name,
             min_size=min(2, max_methods),
             max_size=max_methods,

@@ -6,7 +6,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-EXTRAS = {"openvino": ("openvino", "nncf"), "hf": ("optimum.exporters.executorch",)}
+EXTRAS = {
+    "openvino": ("openvino", "nncf"),
+    "hf": ("optimum.exporters.executorch",),
+    "arm": ("tosa_serializer", "tosa_reference_model", "ethosu.vela"),
+}
 """pyproject's optional extras that tests need, by the modules each installs: a test marked
 ``@pytest.mark.extra(NAME)`` skips, naming the extra, where they are missing, so the README's install line
 gives the same verdicts as one with every extra (.ci/run runs ``-m extra`` again once they are in)."""

@@ -178,9 +178,11 @@ def test_list_backends_shows_every_ext_flow_and_why_it_cannot_run_here(
     coreml = ext_rows.get("ext:coreml")
     if coreml is not None:  # registered where coremltools imports: it lowers, the pip runtime cannot load it
         assert not coreml["available"]
-        assert "lowers, but this runtime has no CoreMLBackend" in coreml["reason"]
-    if importlib.util.find_spec("tosa_serializer") is None:
-        assert "No module named 'tosa_serializer'" in ext_rows["ext:arm*"]["reason"]
+        assert "lowers and writes a .pte here, but this runtime has no CoreMLBackend" in coreml["reason"]
+    if importlib.util.find_spec("tosa_serializer") is None:  # the package to install, not only the module
+        reason = ext_rows["ext:arm*"]["reason"]
+        hint = "(module of tosa-tools: pip install 'pytest-ptn[arm]')"
+        assert f"No module named 'tosa_serializer' {hint}" in reason
 
 
 def readme_backend_rules() -> dict[str, str]:

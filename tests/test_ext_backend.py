@@ -6,14 +6,18 @@ installed; naming an ``ext:`` backend reads it, to know if its flow quantizes); 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from pytest_ptn import expectations, upstream_noise
 from pytest_ptn.backend import BackendNotFound, resolve_backend
-from pytest_ptn.backends import ext
+from pytest_ptn.backends import ext, probe_cache
 from pytest_ptn.harness import Case
 from pytest_ptn.programs.catalogue import BY_NAME
 
@@ -124,11 +128,78 @@ def test_availability_says_why_a_flow_cannot_run_here() -> None:
     assert set(portable.versions) >= {"executorch", "torch"}
     coreml = resolve_backend("ext:coreml").availability()
     assert not coreml.available
-    assert "lowers, but this runtime has no CoreMLBackend" in coreml.reason or "Core ML" in coreml.reason
+    assert "but this runtime has no CoreMLBackend" in coreml.reason or "Core ML" in coreml.reason
     assert "no flow 'no_such_flow'" in resolve_backend("ext:no_such_flow").availability().reason
     if "QNN" in found.skipped:  # QNN_SDK_ROOT unset, as on every machine without the SDK
         reason = resolve_backend("ext:qnn").availability().reason
         assert reason.startswith("flow 'qnn' is not registered") and "QNN_SDK_ROOT" in reason
+
+
+class Unloadable(ext.ExtFlowBackend):
+    """A flow that lowers to a delegate no runtime here has: whether it lowers is tried, and counted."""
+
+    name = "ext:unloadable"
+    flow_name = "unloadable"
+    found_delegates = frozenset({"NoSuchBackend"})
+    tried = 0
+
+    @classmethod
+    def lowering_fails(cls) -> str | None:
+        cls.tried += 1
+        return None
+
+
+@pytest.mark.usefixtures("executorch")
+def test_whether_a_flow_lowers_is_tried_once_per_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: every process that asked (each ``list backends``, each test process) lowered every such flow
+    again, 2.5 minutes for the nine flows a pip install of executorch and tosa-tools registers."""
+    flow = SimpleNamespace(name="unloadable", backend="unloadable", supports_serialize=True, quantize=False)
+    monkeypatch.setattr(ext, "registry", lambda: ext.Registry({"unloadable": flow}, {}))
+    monkeypatch.setattr(ext, "runtime_delegates", lambda: frozenset({"XnnpackBackend"}))
+    monkeypatch.setenv(probe_cache.CACHE_ENV, str(tmp_path / "probes"))
+    monkeypatch.setattr(Unloadable, "tried", 0)
+    first = Unloadable.availability()
+    assert not first.available
+    assert first.reason == (
+        "flow 'unloadable' lowers and writes a .pte here, but this runtime has no NoSuchBackend to load it "
+        "(it has: XnnpackBackend)"
+    )
+    assert Unloadable.availability() == first
+    assert Unloadable.tried == 1
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ.get('PATH', '')}")
+    assert Unloadable.availability() == first
+    assert Unloadable.tried == 2, "another PATH may hold the toolchain the flow looks for"
+
+
+NOISY = """
+import ctypes, os
+from pytest_ptn.backends import ext
+
+class Noisy(ext.ExtFlowBackend):
+    name = "ext:noisy"
+    flow_name = "noisy"
+
+    def lower(self, programs, workdir):  # as Vela prints its command stream, from native code, then fails
+        print("from Python")
+        os.write(1, b"straight to file descriptor 1\\n")
+        ctypes.CDLL(None).printf(b"held in C's buffer\\n")
+        raise RuntimeError("Unable to locate a model converter executable")
+
+found = Noisy.lowering_fails()
+ctypes.CDLL(None).fflush(None)  # what C still held would come out now
+print("FOUND", found)
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="printf from the C library of the process")
+def test_what_a_flow_prints_while_it_is_tried_reaches_no_stdout() -> None:
+    """``list backends --json`` writes to the same stdout: Vela's 180 lines made it unreadable JSON. In a
+    fresh process, C's stdout buffered as it is without PYTHONUNBUFFERED."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    ran = subprocess.run([sys.executable, "-c", NOISY], capture_output=True, text=True, env=env, check=True)
+    assert ran.stdout == "FOUND RuntimeError: Unable to locate a model converter executable\n"
 
 
 @pytest.mark.usefixtures("executorch", "registry_imported")

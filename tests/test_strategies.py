@@ -23,6 +23,15 @@ def test_generated_programs_are_valid(spec: ProgramSpec) -> None:
     plan_package({m: constants_of(ep) for m, ep in functionalize(Program(spec).export()).items()})
 
 
+@settings(max_examples=30, deadline=None, derandomize=True, database=None)
+@given(program_specs(stateful=False))
+def test_stateless_programs_write_no_state_and_still_collide(spec: ProgramSpec) -> None:
+    """For a backend that keeps no state between calls (the TOSA reference model): no method writes a
+    buffer, and every method still reads constants."""
+    assert not spec.written()
+    assert all(m.reads for m in spec.methods)
+
+
 def test_name_sharing_loader_shrinks_to_two_methods_one_constant_each(
     tmp_path: Path, warm_torch: None
 ) -> None:

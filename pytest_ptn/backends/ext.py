@@ -18,12 +18,17 @@ testers): it happens only when an ``ext:`` backend is asked for, never when the 
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import functools
 import importlib.util
 import logging
+import os
 import re
+import sys
+import tempfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -35,10 +40,12 @@ from pytest_ptn.backend import (
     Backend,
     Capability,
     Loaded,
+    Lowered,
     one_line,
     package_version,
 )
-from pytest_ptn.backends.pte import PteLoaded, PteLowered, lower_to_pte
+from pytest_ptn.backends import probe_cache, tosa_reference
+from pytest_ptn.backends.pte import PteLoaded, PteLowered, executorch_program, lower_to_pte
 from pytest_ptn.instruments.comparison import Tolerance
 
 if TYPE_CHECKING:
@@ -56,6 +63,25 @@ TOOLCHAINS: dict[str, tuple[str, ...]] = {
 }
 """Distributions, beyond executorch and torch, whose versions a flow's verdicts depend on, by the flow's
 ``backend``: reported with its availability, so expectation files can require them."""
+
+PROVIDED_BY: dict[str, tuple[str, str]] = {
+    "tosa_serializer": ("tosa-tools", "arm"),
+    "tosa_reference_model": ("tosa-tools", "arm"),
+    "tosa": ("tosa-tools", "arm"),
+    "ethosu": ("ethos-u-vela", "arm"),
+}
+"""A module a group of flows imports -> (the distribution that provides it, this project's extra that
+installs it): a reason that names a missing module names what to install."""
+NO_MODULE = re.compile(r"No module named '(?P<module>[\w.]+)'")
+
+PROBE = "a one-Linear program"
+"""What a flow whose delegate this runtime lacks is lowered on, to say truly whether it lowers here."""
+
+RUNTIME_ELSEWHERE: dict[str, str] = {
+    "EthosUBackend": "an Ethos-U NPU to run on: the Corstone-300/320 FVP or a device",
+    "VgfBackend": "a Vulkan ML runtime to run on: Arm's ML SDK emulation layer or a device",
+}
+"""Where a delegate no runtime here registers does run, for the reason of a flow that lowers to it."""
 
 
 @dataclass(frozen=True)
@@ -92,8 +118,25 @@ def registry() -> Registry:
     for record in records:
         match = SKIPPED.match(record.getMessage())
         if match:
-            skipped[match["group"]] = " ".join(match["why"].split())
+            skipped[match["group"]] = install_hint(" ".join(match["why"].split()))
     return Registry(dict(flows), skipped)
+
+
+def install_hint(why: str) -> str:
+    """``why``, and what to install, where it says a module that a known distribution provides is missing."""
+    match = NO_MODULE.search(why)
+    if match is None:
+        return why
+    provided = PROVIDED_BY.get(match["module"].partition(".")[0])
+    if provided is None:
+        return why
+    dist, extra = provided
+    return f"{why} (module of {dist}: pip install 'pytest-ptn[{extra}]')"
+
+
+def distributions(flow: Any) -> tuple[str, ...]:
+    """The distributions a flow's verdicts (and whether it lowers here) depend on."""
+    return ("executorch", "torch", *TOOLCHAINS.get(flow.backend, ()))
 
 
 @functools.cache
@@ -182,32 +225,46 @@ class ExtFlowBackend(Backend):
 
     flow_name: ClassVar[str]
     capabilities = frozenset({Capability.EXECUTE})
+    found_delegates: ClassVar[frozenset[str]]
 
     @classmethod
     def flow(cls) -> Any:
         return registry().flows[cls.flow_name]
 
     @classmethod
+    def delegates(cls) -> frozenset[str]:
+        """The runtime backends the flow's partitioners delegate to, from its tester built for a one-op
+        method; found once per class (one class per flow)."""
+        if "found_delegates" not in cls.__dict__:
+            import torch
+
+            with upstream_noise.contained():
+                wired = wiring(cls.flow(), torch.nn.Identity(), (torch.zeros(1),))
+            cls.found_delegates = frozenset(delegates_of(wired.partitioners))
+        return cls.found_delegates
+
+    @classmethod
+    def on_reference_model(cls) -> bool:
+        """Whether this flow lowers to TOSABackend alone, which no runtime here registers: its methods then
+        run on the TOSA reference model (pytest_ptn.backends.tosa_reference), not from a loaded .pte."""
+        missing = cls.delegates() - runtime_delegates()
+        return missing == {tosa_reference.DELEGATE}
+
+    @classmethod
     def availability(cls) -> Availability:
         """Said before any test: the flow is not registered (its toolchain or SDK is missing), quantizes,
-        cannot write a .pte, or lowers to a delegate this runtime lacks (which would fail every load: 0x20).
-        Importing the registry is the price of asking: only an ``ext:`` backend ever pays it."""
+        runs on the TOSA reference model, cannot write a .pte, or lowers to a delegate this runtime lacks
+        (which would fail every load: 0x20); for that last, whether it lowers at all is tried on a one-Linear
+        program. Importing the registry is the price of asking: only an ``ext:`` backend ever pays it."""
         if importlib.util.find_spec("executorch") is None:
             return Availability(False, "executorch is not installed")
         found = registry()
         if cls.flow_name not in found.flows:
             return Availability(False, found.why_not_registered(cls.flow_name))
         flow = cls.flow()
-        dists = ("executorch", "torch", *TOOLCHAINS.get(flow.backend, ()))
-        versions = {d: v for d in dists if (v := package_version(d)) is not None}
-        if not flow.supports_serialize:
-            why = f"flow {flow.name!r} has supports_serialize=False: it cannot write a .pte to load"
-            return Availability(False, why, versions)
+        versions = {d: v for d in distributions(flow) if (v := package_version(d)) is not None}
         try:
-            import torch
-
-            with upstream_noise.contained():
-                delegates = delegates_of(wiring(flow, torch.nn.Identity(), (torch.zeros(1),)).partitioners)
+            delegates = cls.delegates()
         except Exception as e:
             return Availability(
                 False, f"building flow {flow.name!r}'s tester failed: {one_line(e)}", versions
@@ -217,17 +274,66 @@ class ExtFlowBackend(Backend):
         except Exception as e:  # its C++ extension does not load (built against another torch)
             return Availability(False, f"this executorch runtime cannot be loaded: {one_line(e)}", versions)
         missing = sorted(delegates - registered)
-        if missing:
-            has = ", ".join(sorted(registered)) or "none"
-            why = f"flow {flow.name!r} lowers, but this runtime has no {', '.join(missing)} (it has: {has})"
+        notes = []
+        if missing == [tosa_reference.DELEGATE]:
+            why = tosa_reference.missing()
+            if why:
+                extra = PROVIDED_BY[tosa_reference.MODULE][1]
+                why = f"flow {flow.name!r} lowers to TOSABackend, which no runtime here has, and {why}"
+                return Availability(False, f"{why}: pip install 'pytest-ptn[{extra}]'", versions)
+            notes.append(tosa_reference.RUNS)
+        elif missing:
+            return Availability(False, cls._tried(missing, registered), versions)
+        elif not flow.supports_serialize:
+            why = f"flow {flow.name!r} has supports_serialize=False: it cannot write a .pte to load"
             return Availability(False, why, versions)
         if Capability.QUANTIZE in cls.capabilities:
-            note = (
+            notes.append(
                 f"each method quantized by flow {flow.name!r}'s quantize stage, checked on the "
                 f"quantization-friendly scenarios against its converted modules, within {cls.tolerance}"
             )
-            return Availability(True, note, versions)
-        return Availability(True, versions=versions)
+        return Availability(True, "; ".join(notes), versions)
+
+    @classmethod
+    def _tried(cls, missing: list[str], registered: frozenset[str]) -> str:
+        """Why a flow whose delegates this runtime lacks cannot run, from lowering ``PROBE`` through it (kept
+        until the installed versions or PATH change: pytest_ptn.backends.probe_cache): either lowering fails
+        here (and how), or it lowers and writes a .pte no runtime here loads, and what would."""
+        flow, has = cls.flow(), ", ".join(sorted(registered)) or "none"
+        depends_on = {"probe": f"lowering {PROBE}", **probe_cache.environment(distributions(flow))}
+        failed = probe_cache.remembered(
+            f"lowers-{cls.name.replace(':', '-')}", depends_on, cls.lowering_fails
+        )
+        if failed:
+            return f"flow {flow.name!r} does not lower here (tried on {PROBE}): {failed}"
+        needs = "; ".join(f"{d} needs {RUNTIME_ELSEWHERE[d]}" for d in missing if d in RUNTIME_ELSEWHERE)
+        return (
+            f"flow {flow.name!r} lowers and writes a .pte here, but this runtime has no {', '.join(missing)} "
+            f"to load it (it has: {has})" + (f"; {needs}" if needs else "")
+        )
+
+    @classmethod
+    def lowering_fails(cls) -> str | None:
+        """What lowering ``PROBE`` through the flow raises here (quantized first by the flow, if it
+        quantizes), as one line; None where it lowers and writes its .pte. What the flow prints meanwhile,
+        through Python or from native code, is dropped."""
+        import torch
+
+        backend = cls()
+        torch.manual_seed(0)
+        module: torch.nn.Module = torch.nn.Linear(4, 4).eval()
+        inputs = (torch.randn(1, 4),)
+        try:
+            with upstream_noise.contained(), tempfile.TemporaryDirectory() as tmp, _printing_dropped():
+                if Capability.QUANTIZE in backend.capabilities:
+                    module = backend.quantize(module, inputs)
+                backend.lower({"forward": torch.export.export(module, inputs)}, Path(tmp))
+        except Exception as e:
+            return one_line(e)
+        return None
+
+    def keeps_no_state(self) -> str | None:
+        return tosa_reference.STATEFUL if self.on_reference_model() else None
 
     def quantize(self, method: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> torch.nn.Module:
         """The flow's own quantize stage, as its runner builds it (the flow's stage factory, else the tester's
@@ -241,7 +347,7 @@ class ExtFlowBackend(Backend):
             converted: torch.nn.Module = stage.artifact
         return converted
 
-    def lower(self, programs: dict[str, ExportedProgram], workdir: Path) -> PteLowered:
+    def lower(self, programs: dict[str, ExportedProgram], workdir: Path) -> Lowered:
         flow = self.flow()
         with upstream_noise.contained():
             wired = {
@@ -249,17 +355,26 @@ class ExtFlowBackend(Backend):
                 for m, ep in programs.items()
             }
         first = next(iter(wired.values()))
-        return lower_to_pte(
-            programs,
-            workdir,
-            partitioners={m: w.partitioners for m, w in wired.items()},
-            config=first.config,
-            transform_passes=first.transform_passes,
-            compile_config=first.compile_config,
-            constant_methods=first.constant_methods,
-        )
+        lowering: dict[str, Any] = {
+            "partitioners": {m: w.partitioners for m, w in wired.items()},
+            "config": first.config,
+            "transform_passes": first.transform_passes,
+            "compile_config": first.compile_config,
+            "constant_methods": first.constant_methods,
+        }
+        if not self.on_reference_model():
+            return lower_to_pte(programs, workdir, **lowering)
+        program = executorch_program(programs, **lowering)
+        written = tosa_reference.written(program)
+        if written:
+            raise NotImplementedError(f"{tosa_reference.STATEFUL} (written: {', '.join(written)})")
+        path = workdir / "program.pte"
+        path.write_bytes(program.buffer)
+        return tosa_reference.ReferenceModelLowered(path, program, list(programs))
 
-    def load(self, lowered: Any) -> Loaded:
+    def load(self, lowered: Lowered) -> Loaded:
+        if isinstance(lowered, tosa_reference.ReferenceModelLowered):
+            return tosa_reference.ReferenceModelLoaded(lowered)
         assert isinstance(lowered, PteLowered)
         return PteLoaded(lowered)
 
@@ -309,6 +424,30 @@ def flow_backend(flow: str) -> type[ExtFlowBackend]:
     if found is not None and found.quantize:
         attrs |= {"capabilities": ExtFlowBackend.capabilities | {Capability.QUANTIZE}, "tolerance": QUANTIZED}
     return type(f"ExtFlowBackend_{flow}", (ExtFlowBackend,), attrs)
+
+
+@contextmanager
+def _printing_dropped() -> Iterator[None]:
+    """Nothing printed inside reaches the caller's stdout (``list backends --json`` writes there): Arm's
+    quantizer and Core ML's converter print their progress through Python, Vela its command stream from
+    native code straight to file descriptor 1, through C's buffer (flushed before it is put back)."""
+    sys.stdout.flush()
+    kept = os.dup(1)
+    try:
+        with open(os.devnull, "w") as devnull, redirect_stdout(devnull), redirect_stderr(devnull):
+            os.dup2(devnull.fileno(), 1)
+            try:
+                yield
+            finally:
+                _flush_c_stdio()
+    finally:
+        os.dup2(kept, 1)
+        os.close(kept)
+
+
+def _flush_c_stdio() -> None:
+    with contextlib.suppress(OSError, AttributeError):  # no C library by that name (Windows)
+        ctypes.CDLL(None).fflush(None)
 
 
 @contextmanager

@@ -22,7 +22,7 @@ from pytest_ptn.backends import pte_replay
 
 if TYPE_CHECKING:
     import torch
-    from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig
+    from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, ExecutorchProgramManager
     from executorch.runtime import Method, Program
     from torch.export import ExportedProgram
 
@@ -216,17 +216,14 @@ def lower_to_pte(
 ) -> PteLowered:
     """``to_edge_transform_and_lower`` -> ``to_executorch`` of every method at once, written as a .pte (and
     its .ptd, if the config externalizes data) under ``workdir``: what every .pte backend lowers with."""
-    with upstream_noise.contained():  # executorch warns on import and on every mutated buffer
-        from executorch.exir import to_edge_transform_and_lower
-
-        edge = to_edge_transform_and_lower(
-            programs,
-            transform_passes=transform_passes,
-            partitioner=partitioners,
-            constant_methods=constant_methods,
-            compile_config=compile_config,
-        )
-        et = edge.to_executorch(config)
+    et = executorch_program(
+        programs,
+        partitioners=partitioners,
+        config=config,
+        transform_passes=transform_passes,
+        compile_config=compile_config,
+        constant_methods=constant_methods,
+    )
     path = workdir / "program.pte"
     with path.open("wb") as f:
         et.write_to_file(f)
@@ -240,6 +237,30 @@ def lower_to_pte(
         raise NotImplementedError(f"lowering wrote {len(data)} .ptd files, the runtime loads one: {data}")
     methods = _signatures({m: et.exported_program(m) for m in programs})
     return PteLowered(path, data[0] if data else None, methods)
+
+
+def executorch_program(
+    programs: dict[str, ExportedProgram],
+    *,
+    partitioners: dict[str, list[Any]],
+    config: ExecutorchBackendConfig,
+    transform_passes: Any = None,
+    compile_config: EdgeCompileConfig | None = None,
+    constant_methods: dict[str, Any] | None = None,
+) -> ExecutorchProgramManager:
+    """``to_edge_transform_and_lower`` -> ``to_executorch`` of every method at once, in memory: a runner that
+    executes the lowered graphs itself (a delegate simulated in Python) reads them from here."""
+    with upstream_noise.contained():  # executorch warns on import and on every mutated buffer
+        from executorch.exir import to_edge_transform_and_lower
+
+        edge = to_edge_transform_and_lower(
+            programs,
+            transform_passes=transform_passes,
+            partitioner=partitioners,
+            constant_methods=constant_methods,
+            compile_config=compile_config,
+        )
+        return edge.to_executorch(config)
 
 
 def _load_program(lowered: PteLowered) -> Program:

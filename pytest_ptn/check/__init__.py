@@ -95,10 +95,11 @@ def check_program(
     findings name its tensors by its own FQNs. A method's inputs are a tuple (positional), a mapping
     (keywords) or ``(args, kwargs)``, or flat in the exported program's order as a runtime takes them.
     ``calls`` is the call sequence (method, inputs), numbered as given (calls of constant methods are not
-    run); by default each method once with its example inputs. A backend that cannot run here raises
-    BackendError; a program in none of those forms, or a call its method cannot take (inputs of another
-    structure, shape or dtype than the method was exported for, as the runtime refuses them),
-    ProgramFormError: a usage error of the program, never a finding about the backend."""
+    run); by default each method once with its example inputs. A backend that cannot run here, or keeps
+    no state between calls for a program that writes some, raises BackendError; a program in none of those
+    forms, or a call its method cannot take (inputs of another structure, shape or dtype than the method
+    was exported for, as the runtime refuses them), ProgramFormError: a usage error of the program, never
+    a finding about the backend."""
     import torch
 
     usable = usable_backend(backend)
@@ -108,6 +109,7 @@ def check_program(
     with torch.no_grad(), tempfile.TemporaryDirectory() as tmp:
         sequence = user.calls(given)
         _refuse_calls(user, sequence, positions)
+        _refuse_state(usable, user)
         findings = _check(usable, user, sequence, workdir or Path(tmp))
     numbered = [f if f.call is None else dataclasses.replace(f, call=positions[f.call]) for f in findings]
     return Findings(numbered, _hazards(user, sequence))
@@ -142,6 +144,20 @@ def _refuse_calls(program: UserProgram, sequence: list, positions: list[int]) ->
             raise ProgramFormError(
                 f"call #{i} cannot be made: {refusal} (export the method for the inputs you call it with)"
             )
+
+
+def _refuse_state(backend: Backend, program: UserProgram) -> None:
+    """BackendError where the program writes state and the backend keeps none between calls: nothing it
+    could find would be about the program (a lowering it refuses is no E2 finding)."""
+    from pytest_ptn.programs.exported import mutable_keys
+
+    stateless = backend.keeps_no_state()
+    written = sorted(mutable_keys(program.inspected())) if stateless else []
+    if written:
+        raise BackendError(
+            f"backend {backend.name!r} cannot check this program: it writes {', '.join(written)}, and "
+            f"{stateless}"
+        )
 
 
 def _check(backend: Backend, program: UserProgram, sequence: list, workdir: Path) -> list[Finding]:
