@@ -28,7 +28,7 @@ from pytest_ptn.backend import (
     runtime_availability,
 )
 from pytest_ptn.programs import catalogue, zoo
-from pytest_ptn.reporting import collect, repro
+from pytest_ptn.reporting import collect, repro, runtime_log
 from pytest_ptn.ruleset import (
     RULE_NEEDS,
     RULES,
@@ -133,6 +133,7 @@ def pytest_configure(config: pytest.Config) -> None:
         sys.path[:0] = [p for p in workerinput["ptn_sys_path"] if p not in sys.path]
     hangs.limit(config)  # a bad value is a usage error now, not in every worker
     collect.configure(config)
+    runtime_log.configure(config)
     stopping.configure(config, state.explicit)
     repro.configure(config)
     shards.configure(config)
@@ -424,8 +425,9 @@ def mark_expected(item: pytest.Item, expected: list[expectations.Expectation]) -
 
 
 @pytest.fixture(scope="session")
-def ptn_backend(request: pytest.FixtureRequest) -> Backend:
+def ptn_backend(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Backend:
     """The backend under test (one instance per run, so its caches live as long as a loader's would)."""
+    runtime_log.use_temporary_folder(request.config, tmp_path_factory)
     with backend_call(request.config, request.param, "__init__"):
         return request.config.stash[RUN_STATE].backend(request.param)
 
