@@ -548,10 +548,12 @@ def upstream_tally(config: pytest.Config) -> upstream_noise.Tally:
 def _under_upstream_policy(item: pytest.Item) -> Generator[None, None, None]:
     """A phase of a test the plugin gives a backend runs under the suite's warning and logging policy; the
     host's own tests keep the host's."""
-    if _callspec_param(item, "ptn_backend") is None:
+    spec = _callspec_param(item, "ptn_backend")
+    if spec is None:
         return (yield)
     show = item.config.getoption("ptn_upstream_logs")
-    with upstream_noise.policy(upstream_tally(item.config), show):
+    owner = item.config.stash[RUN_STATE].classes[spec].__module__.split(".")[0]
+    with upstream_noise.policy(upstream_tally(item.config), show, owner):
         return (yield)
 
 

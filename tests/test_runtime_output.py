@@ -1,5 +1,6 @@
 """What a backend's runtime says while the suite runs it: its output once in the failures and whole in each
-test's log (pytest_ptn.reporting.runtime_log).
+test's log (pytest_ptn.reporting.runtime_log), and its warnings told as its own, never the harness's
+(pytest_ptn.upstream_noise.author).
 
 The talkative runtime below logs on every load as a C++ runtime does: to descriptor 2, through
 ``sys.stderr`` (as executorch's bindings write ``ET_LOG``), and from a child process that inherits the
@@ -105,3 +106,22 @@ def test_the_runtime_output_is_shown_once_and_kept_whole_for_each_test(
         assert load in body, output  # what only this test's runtime said is in its failure
         loads.add(load)
     assert len(loads) == 2
+
+
+def test_the_adapters_warnings_are_told_as_its_own(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Counted (by default) under the adapter's package, the deprecation that blames its caller and the
+    finalizer's warning of the process it left running too; shown (``--ptn-upstream-logs``) at the
+    adapter's line, not at the harness line that called it."""
+    counted = run(pytester, monkeypatch).stdout.str()
+    tally = next(line for line in counted.splitlines() if " upstream warnings while " in line)
+    assert "DeprecationWarning x2 from talkative_runtime" in tally, tally
+    assert "ResourceWarning x2 from talkative_runtime" in tally, tally
+    assert not re.search(r"from (pytest_ptn|conformance|_pytest)\b", tally), tally
+
+    shown = run(pytester, monkeypatch, "--ptn-upstream-logs").stdout.str()
+    summary = shown.split("warnings summary", 1)[1]
+    where = f"talkative_runtime.py:{WARN_LINE}: DeprecationWarning: talkative: load() is deprecated"
+    assert where in summary, summary
+    assert not re.search(r"pytest_ptn/\S+: DeprecationWarning: talkative", summary), summary
