@@ -28,7 +28,7 @@ from pytest_ptn.backend import (
     runtime_availability,
 )
 from pytest_ptn.programs import catalogue, zoo
-from pytest_ptn.reporting import collect, repro
+from pytest_ptn.reporting import collect, repro, runtime_log
 from pytest_ptn.ruleset import (
     RULE_NEEDS,
     RULES,
@@ -133,6 +133,7 @@ def pytest_configure(config: pytest.Config) -> None:
         sys.path[:0] = [p for p in workerinput["ptn_sys_path"] if p not in sys.path]
     hangs.limit(config)  # a bad value is a usage error now, not in every worker
     collect.configure(config)
+    runtime_log.configure(config)
     stopping.configure(config, state.explicit)
     repro.configure(config)
     shards.configure(config)
@@ -424,8 +425,9 @@ def mark_expected(item: pytest.Item, expected: list[expectations.Expectation]) -
 
 
 @pytest.fixture(scope="session")
-def ptn_backend(request: pytest.FixtureRequest) -> Backend:
+def ptn_backend(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Backend:
     """The backend under test (one instance per run, so its caches live as long as a loader's would)."""
+    runtime_log.use_temporary_folder(request.config, tmp_path_factory)
     with backend_call(request.config, request.param, "__init__"):
         return request.config.stash[RUN_STATE].backend(request.param)
 
@@ -550,10 +552,12 @@ def upstream_tally(config: pytest.Config) -> upstream_noise.Tally:
 def _under_upstream_policy(item: pytest.Item) -> Generator[None, None, None]:
     """A phase of a test the plugin gives a backend runs under the suite's warning and logging policy; the
     host's own tests keep the host's."""
-    if _callspec_param(item, "ptn_backend") is None:
+    spec = _callspec_param(item, "ptn_backend")
+    if spec is None:
         return (yield)
     show = item.config.getoption("ptn_upstream_logs")
-    with upstream_noise.policy(upstream_tally(item.config), show):
+    owner = item.config.stash[RUN_STATE].classes[spec].__module__.split(".")[0]
+    with upstream_noise.policy(upstream_tally(item.config), show, owner):
         return (yield)
 
 

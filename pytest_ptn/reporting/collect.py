@@ -68,7 +68,8 @@ def add_options(group: pytest.OptionGroup) -> None:
         metavar="DIR",
         default=None,
         help="write the conformance matrix to DIR: results.json (for merge/diff), summary.md "
-        "(for $GITHUB_STEP_SUMMARY) and a self-contained index.html",
+        "(for $GITHUB_STEP_SUMMARY) and a self-contained index.html; and each test's runtime output to "
+        "DIR/runtime-logs/",
     )
 
 
