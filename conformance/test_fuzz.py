@@ -1,67 +1,83 @@
 """Generated programs that collide on purpose (pytest_ptn.strategies), run through the backend.
 
-The fuzz profile decides how many programs (``--ptn-fuzz-profile``); a failure prints its program as a test
-you can paste, shrunk to a small one by the nightly profile (the CI one reports the first failing program
-as drawn), and ``--ptn-seed`` from the header reproduces a nightly run.
+The fuzz profile decides how many programs (``--ptn-fuzz-profile``), split over the run's xdist workers and
+``--ptn-shard`` machines. A program whose every wrong value a mechanism the backend's expectations list
+explains is counted and passed over (``--hypothesis-show-statistics`` shows the counts, the run's summary a
+tally per backend); the first program with anything unlisted fails the test, printed as a test you can
+paste, shrunk by the nightly profile without leaving its mechanism; two unlisted mechanisms are two
+failures. ``--ptn-seed`` from the header reproduces a nightly run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import sys
 
 import pytest
 
 from pytest_ptn.backend import Backend
+from pytest_ptn.plugin import FuzzRun
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup  # hypothesis's own dependency there
 
 
 @pytest.mark.E1
 def test_generated_programs_match_eager(
     request: pytest.FixtureRequest,
     ptn_backend: Backend,
-    ptn_fuzz: Callable[[Callable[..., None]], Any],
+    ptn_fuzz: FuzzRun,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    from hypothesis import given
+    from hypothesis import event, given
 
-    from pytest_ptn.harness import check_spec, fail_on
+    from pytest_ptn import fuzz
+    from pytest_ptn.reporting.fuzz_tally import PROPERTY, FuzzTally
     from pytest_ptn.run.state import FAILING_PROGRAM
     from pytest_ptn.scheduling import crashes
     from pytest_ptn.spec import ProgramSpec
     from pytest_ptn.strategies import program_specs, reproducer
 
-    failed: list[ProgramSpec] = []
+    listed = set(ptn_fuzz.listed)
+    tally = FuzzTally()
+    failed: dict[str, ProgramSpec] = {}
+    drawn: set[str] = set()
 
     @ptn_fuzz
     @given(program_specs(stateful=ptn_backend.keeps_no_state() is None))
     def check(spec: ProgramSpec) -> None:
         crashes.attach(f"the program, as a test:\n\n{reproducer(spec)}")  # shown if the backend crashes
         crashes.enter(ptn_backend.name, "a generated program", "checking", known=False)  # one step each
-        try:
-            fail_on(
-                check_spec(ptn_backend, spec, tmp_path_factory.mktemp("fuzz")), "outputs differ from eager"
-            )
-            return
-        except pytest.fail.Exception as e:  # a lowering error or mismatches
-            message = e.msg
-        except Exception as e:  # the backend raised while loading or running
-            message = f"{type(e).__name__}: {e}"
-        failed.append(spec)
-        # Raised outside the handlers, so every failure looks alike to hypothesis: one bug, not a group.
-        pytest.fail(message, pytrace=False)
+        verdict = fuzz.judge(ptn_backend, spec, tmp_path_factory.mktemp("fuzz"))
+        program = reproducer(spec)
+        if program not in drawn:  # hypothesis replays a failing program: one program, counted once
+            drawn.add(program)
+            tally.add(verdict.keys, listed, program, fuzz.program_size(spec))
+        for key in verdict.keys:
+            event(f"ptn mechanism {key}: {'listed' if key in listed else 'UNLISTED'}")
+        unlisted = verdict.unlisted(listed)
+        if unlisted:
+            failed[unlisted[0]] = spec
+            raise fuzz.unlisted(unlisted[0])(f"mechanism {unlisted[0]} is not listed: {verdict.message}")
 
     try:
         check()
         return
-    except pytest.fail.Exception as e:
-        if not failed:
+    except fuzz.UnlistedMechanism as e:
+        found: list[BaseException] = [e]
+    except BaseExceptionGroup as group:  # hypothesis found several unlisted mechanisms
+        unexpected = group.subgroup(lambda e: not isinstance(e, fuzz.UnlistedMechanism))
+        if unexpected is not None:
             raise
-        message = e.msg
-    # Hypothesis replays the failing (nightly: the shrunk) program last. Its notes, which repeat the
-    # program, stay behind with its exception: the program is printed once, as a test.
-    request.node.stash[FAILING_PROGRAM] = failed[-1]
+        found = list(group.exceptions)
+    finally:
+        request.node.user_properties.append((PROPERTY, tally.finish(listed).to_json()))
+    # Hypothesis replays each failing (nightly: shrunk) program last; its notes, which repeat the program,
+    # stay behind with its exception: each program is printed once, as a test.
     backend = dict(request.node.user_properties).get("ptn_backend", ptn_backend.name)
-    program = reproducer(failed[-1])
-    pytest.fail(
-        f"{message}\n\nthe program, as a test (run with --ptn-backend={backend}):\n\n{program}", pytrace=False
-    )
+    keys = [getattr(e, "key", "") for e in found]
+    request.node.stash[FAILING_PROGRAM] = failed[keys[0]]
+    parts = [
+        f"{e}\n\nthe program, as a test (run with --ptn-backend={backend}):\n\n{reproducer(failed[key])}"
+        for key, e in zip(keys, found, strict=True)
+    ]
+    pytest.fail("\n\n".join(parts), pytrace=False)

@@ -150,6 +150,12 @@ class Lowered(ABC):
         program at the copies."""
         return {"path": self.path}
 
+    def shared_memory(self) -> dict[str, dict[str, set[str]]]:
+        """method -> each state key of its whose planned memory other methods' tensors also use -> those
+        methods, as the artifact's own memory plan says; ``{}`` where it has none (the default) or keeps every
+        method's memory apart. Evidence for a wrong value no replay reproduces."""
+        return {}
+
     def bundle_scripts(
         self, calls_file: str, files: dict[str, str], calls: Sequence[EagerCall]
     ) -> dict[str, str]:

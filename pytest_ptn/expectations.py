@@ -11,6 +11,12 @@ One TOML file per backend (and version range) in ``conformance/expectations/``:
     link = "https://github.com/pytorch/executorch/pull/23891"
     schedule = "at_first_call"          # optional: only under this load schedule (pytest_ptn.schedule)
     intermittent = true                 # optional: it may pass or fail (WPT's [PASS, FAIL])
+    [[xfail]]
+    rule = "E1"
+    scenario = "fuzz"
+    mechanism = "zero-filled:state"     # the fuzz test's entries: one mechanism each (check.mechanisms)
+    reason = "..."
+    link = "..."
 
 A listed failure that passes fails the run (strict xfail), so the data cannot go stale silently. An
 ``intermittent`` entry is of a verdict that depends on timing (a race that shows in some runs only): its
@@ -18,6 +24,10 @@ test may pass or fail, so it is a non-strict xfail, never stale, and the reports
 did this time. ``link`` may be ``""`` while no upstream issue is filed yet (a fresh baseline): the run header
 counts such entries. ``python -m pytest_ptn expectations update`` writes and prunes these files from one run
 or several.
+
+The fuzz test's entries list mechanisms, not the test: a generated program whose every wrong value a listed
+mechanism explains is counted and passed over, and the first with anything else fails the test. So a new
+bug behind a known one still fails the run; an entry for the whole fuzz test would hide it, and is refused.
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ from pathlib import Path
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from pytest_ptn.check.mechanisms import MechanismKeyError, check_key
 from pytest_ptn.programs import zoo
 from pytest_ptn.programs.catalogue import BY_NAME
 from pytest_ptn.ruleset import RULES
@@ -75,6 +86,8 @@ class Expectation:
     """The load schedule (LoadSchedule value) the failure shows under; None: every schedule."""
     intermittent: bool = False
     """The test may pass or fail (its verdict depends on timing): expected, never stale either way."""
+    mechanism: str | None = None
+    """The fuzz test's entries: the mechanism (check.mechanisms key) whose programs it passes over."""
 
     def matches(
         self, backend: str, rules: list[str], scenario: str | None, schedule: str | None = None
@@ -87,8 +100,12 @@ class Expectation:
         )
 
     def cell(self) -> str:
-        """What the entry is about: ``P6 on colliding_literals`` (``, at_first_call`` for one schedule)."""
-        return f"{self.rule} on {self.scenario}" + (f", {self.schedule}" if self.schedule else "")
+        """What the entry is about: ``P6 on colliding_literals`` (``, at_first_call`` for one schedule,
+        ``, mechanism zero-filled:state`` for the fuzz test's)."""
+        schedule = f", {self.schedule}" if self.schedule else ""
+        return f"{self.rule} on {self.scenario}{schedule}" + (
+            f", mechanism {self.mechanism}" if self.mechanism else ""
+        )
 
     def describe(self) -> str:
         link = self.link or "no link yet"
@@ -191,6 +208,7 @@ def read(path: Path, user_scenarios: Collection[str] = ()) -> ExpectationFile:
         intermittent = raw.get("intermittent", False)
         if not isinstance(intermittent, bool):
             raise ExpectationsError(f"{where}: intermittent must be true or false, not {intermittent!r}")
+        mechanism = _mechanism(where, raw)
         entries.append(
             Expectation(
                 backend,
@@ -201,9 +219,33 @@ def read(path: Path, user_scenarios: Collection[str] = ()) -> ExpectationFile:
                 path,
                 schedule,
                 intermittent,
+                mechanism,
             )  # fmt: skip
         )
     return ExpectationFile(path, backend, requires, tuple(entries))
+
+
+def _mechanism(where: str, raw: dict[str, object]) -> str | None:
+    """An entry's ``mechanism``: every fuzz entry has one, no other entry does."""
+    mechanism = raw.get("mechanism")
+    if raw["scenario"] != FUZZ_SCENARIO:
+        if mechanism is not None:
+            raise ExpectationsError(
+                f"{where}: only the fuzz test's entries (scenario = 'fuzz') list a mechanism"
+            )
+        return None
+    if mechanism is None:
+        raise ExpectationsError(
+            f'{where}: a fuzz entry lists one mechanism (mechanism = "zero-filled:state"), not the whole '
+            "test, which would hide every new bug behind a known one; `python -m pytest_ptn expectations "
+            "update` writes them from a run"
+        )
+    if not isinstance(mechanism, str):
+        raise ExpectationsError(f"{where}: mechanism must be a string, not {mechanism!r}")
+    try:
+        return check_key(mechanism)
+    except MechanismKeyError as e:
+        raise ExpectationsError(f"{where}: {e}") from None
 
 
 def matching_no_test(

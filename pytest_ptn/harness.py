@@ -12,6 +12,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from pytest_ptn.check.mechanisms import UNEXPLAINED, Kind, Mechanism, Role, isolation_only
 from pytest_ptn.run.state import LoweringCache
 from pytest_ptn.schedule import LoadSchedule
 
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
 
     from pytest_ptn.backend import Backend, EagerCall, Loaded, Lowered
     from pytest_ptn.check.alone import CallAlone, MethodsAlone
+    from pytest_ptn.check.explain import Replay
     from pytest_ptn.instruments.comparison import Tolerance
     from pytest_ptn.programs.user import UserScenario
     from pytest_ptn.spec import ProgramSpec, Scenario
@@ -55,6 +57,8 @@ class Mismatch:
     call: int
     method: str
     detail: str
+    mechanisms: tuple[Mechanism, ...] = (UNEXPLAINED,)
+    """How the wrong value came about (pytest_ptn.check.mechanisms), as the checks found it."""
 
     def __str__(self) -> str:
         return f"call #{self.call} {self.method}(): {self.detail}"
@@ -312,46 +316,101 @@ class Case:
         if not deviations:
             return mismatches
         details, explained = self._explained(deviations, calls, ran)
-        unexplained = [d for d in deviations if d.call not in explained]
+        forced = {call for call, how in explained.items() if any(isolation_only(m) for m in how)}
+        unexplained = [d for d in deviations if d.call not in forced]
+        planned = self._planned_together(calls, [d for d in deviations if d.call not in explained])
         alone, unavailable = self._alone(calls) if unexplained else (None, None)
         suspect = suspects(alone, [(c.method, c.outputs) for c in calls]) if alone is not None else {}
         for d, detail in zip(deviations, details, strict=True):
             truth = d.of(alone[d.call]) if alone is not None else None
             method = calls[d.call].method
-            if d.call not in explained and truth is not None and self._same(d, truth):
+            if d.call not in forced and truth is not None and self._same(d, truth):
                 if method not in suspect:
                     continue  # the method alone computes it so: accuracy, not isolation
                 detail += f"; {suspect[method]}"
             elif truth is not None and not self._same_as_eager(d, truth):
                 detail += f"; alone, the method gives {_fmt(truth)}"
-            if unavailable is not None and d.call not in explained:
+            if unavailable is not None and d.call not in forced:
                 detail += f" (judged against eager: {unavailable})"
-            mismatches.append(Mismatch(d.call, calls[d.call].method, detail))
+            how = explained.get(d.call) or planned.get(d.call) or (UNEXPLAINED,)
+            if d.call not in explained and d.call in planned:
+                detail += f"; {'; '.join(m.detail for m in planned[d.call])}"
+            mismatches.append(Mismatch(d.call, calls[d.call].method, detail, how))
         return sorted(mismatches, key=lambda m: m.call)
+
+    def _planned_together(
+        self, calls: list[EagerCall], deviations: list[Deviation]
+    ) -> dict[int, tuple[Mechanism, ...]]:
+        """For each call of ``deviations`` no replay explains: the state of its method whose planned memory
+        the tensors of a method that ran before it also use, as the lowered program's own memory plan says
+        (``Lowered.shared_memory``): what that method left there is what the state reads."""
+        lowered = self.lowered()
+        if not deviations or isinstance(lowered, Exception):
+            return {}
+        shared = lowered.shared_memory()
+        out: dict[int, tuple[Mechanism, ...]] = {}
+        for d in deviations:
+            method = calls[d.call].method
+            before = {c.method for c in calls[: d.call]} - {method}
+            reads = self._reads_state(method, d)
+            found = tuple(
+                Mechanism(
+                    Kind.SHARED_ARENA,
+                    Role.STATE,
+                    f"the memory plan puts {key!r} of {method}() where {', '.join(sorted(ran))}() also keep "
+                    "tensors",
+                )
+                for key, users in sorted(shared.get(method, {}).items())
+                if (ran := users & before) and reads(key)
+            )
+            if found:
+                out[d.call] = found
+        return out
 
     def _explained(
         self, deviations: list[Deviation], calls: list[EagerCall], ran: list[Ran]
-    ) -> tuple[list[str], set[int]]:
+    ) -> tuple[list[str], dict[int, tuple[Mechanism, ...]]]:
         """Each deviation's detail, and the calls whose wrong values a faulty binding accounts for: another
         method's same-named tensor, a private copy of shared state, two buffers in one memory
         (pytest_ptn.check.explain). Such a call is an isolation defect whatever the method alone gives (a
         cache that outlives a program, as the CUDA delegate's is, hands the method alone the same tensor),
         and it needs no method lowered alone."""
-        details, explained = [], set()
+        details: list[str] = []
+        explained: dict[int, tuple[Mechanism, ...]] = {}
         for d in deviations:
             detail, read = self._detail(d, calls)
             details.append(detail)
             if read:
-                explained.add(d.call)
+                how = Mechanism(Kind.BY_NAME, self._role_of_read(calls[d.call].method), detail)
+                explained[d.call] = (how,)
         wrong = {d.call: calls[d.call].method for d in deviations if d.kind == "output"}
         wrong = {call: method for call, method in wrong.items() if call not in explained}
-        labels = self._bindings(calls, ran, wrong) if wrong else {}
+        replays = self._bindings(calls, ran, wrong) if wrong else {}
         for i, d in enumerate(deviations):
-            if d.kind == "output" and d.call in labels:
-                details[i] += f"; it equals {labels[d.call]}"
-        return details, explained | set(labels)
+            if d.kind == "output" and d.call in replays:
+                details[i] += f"; it equals {replays[d.call].label}"
+        return details, explained | {call: replay.mechanisms for call, replay in replays.items()}
 
-    def _bindings(self, calls: list[EagerCall], ran: list[Ran], wrong: dict[int, str]) -> dict[int, str]:
+    def _reads_state(self, method: str, d: Deviation) -> Callable[[str], bool]:
+        """Whether deviation ``d`` of ``method`` can be a value of state ``key``: the buffer itself, or an
+        output of a method the catalogue spec says reads it (any value of a user program's method)."""
+        spec = self.catalogue_spec
+        if d.kind == "buffer":
+            return lambda key: key == d.where
+        if spec is None:
+            return lambda key: True
+        reads = set(spec.method(method).reads)
+        return lambda key: key.rsplit(".", 1)[-1] in reads or key in reads
+
+    def _role_of_read(self, method: str) -> Role:
+        """What sort of tensor a catalogue method's by-name read was of: a buffer if it reads one, else a
+        constant (its values name what they read; a by-name read is never of state, which is shared)."""
+        spec = self.catalogue_spec
+        if spec is not None and any(c.family == "buffer" for c in spec.method(method).constants):
+            return Role.BUFFER
+        return Role.CONSTANT
+
+    def _bindings(self, calls: list[EagerCall], ran: list[Ran], wrong: dict[int, str]) -> dict[int, Replay]:
         """What a faulty binding gives for each call of ``wrong`` it accounts for (check.explain); nothing
         for a quantized program, whose own ``_read_elsewhere`` says whose constant it read."""
         from pytest_ptn.check.alone import identity
@@ -389,7 +448,8 @@ class Case:
         deviations, _ = self._deviations(calls, ran)
         if deviations:  # a value a faulty binding explains is isolation's, whatever the method alone gives
             _, explained = self._explained(deviations, calls, ran)
-            deviations = [d for d in deviations if d.call not in explained]
+            forced = {call for call, how in explained.items() if any(isolation_only(m) for m in how)}
+            deviations = [d for d in deviations if d.call not in forced]
         if not deviations:
             return []
         try:
@@ -618,10 +678,14 @@ def check_spec(backend: Backend, spec: ProgramSpec, workdir: Path) -> list[Misma
     """
     from pytest_ptn.spec import Scenario
 
-    case = Case(backend, Scenario("spec", "", spec), lambda name: workdir)
+    return spec_mismatches(Case(backend, Scenario("spec", "", spec), lambda name: workdir))
+
+
+def spec_mismatches(case: Case) -> list[Mismatch]:
+    """``check_spec``'s mismatches of a case made from a spec."""
     sequence = [c.method for c in case.eager()]
     return [
-        Mismatch(m.call, m.method, f"{m.detail} ({schedule.describe(sequence)})")
+        Mismatch(m.call, m.method, f"{m.detail} ({schedule.describe(sequence)})", m.mechanisms)
         for schedule in LoadSchedule
         for m in case.run_sequence(case.load(), schedule=schedule)
     ]

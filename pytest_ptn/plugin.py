@@ -11,6 +11,7 @@ import random
 import sys
 from collections.abc import Callable, Generator
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -165,6 +166,13 @@ def pytest_configure(config: pytest.Config) -> None:
             state.expectation_files = [expectations.read(p, set(state.user_programs)) for p in paths]
         except expectations.ExpectationsError as e:
             raise pytest.UsageError(f"--ptn-expectations: {e}") from e
+        names = {cls.name for cls in state.classes.values()}
+        foreign = [f for f in state.expectation_files if f.backend not in names] if given else []
+        if foreign and state.explicit:
+            raise pytest.UsageError(
+                f"--ptn-expectations: {foreign[0].path} is about backend {foreign[0].backend!r}, and this "
+                f"run tests {', '.join(sorted(names))}: its known failures would apply to nothing"
+            )
     from_args = config.args_source == pytest.Config.ArgsSource.ARGS
     if state.explicit and not from_args and suite is not None and str(suite) not in config.args:
         config.args.append(str(suite))
@@ -300,6 +308,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("ptn_scenario", names, indirect=True)
     if "ptn_schedule" in metafunc.fixturenames:
         metafunc.parametrize("ptn_schedule", [s.value for s in LoadSchedule], indirect=True)
+    if "ptn_fuzz_share" in metafunc.fixturenames and (count := fuzz_shares(metafunc.config)) > 1:
+        shares = [FuzzShare(i, count) for i in range(count)]
+        metafunc.parametrize("ptn_fuzz_share", shares, indirect=True, ids=str)
 
 
 def rules_of(item: pytest.Item) -> list[str]:
@@ -492,10 +503,64 @@ def quantization_mismatch(backend: Backend, tags: frozenset[str]) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class FuzzShare:
+    """This test item's part of the fuzz budget: share ``index`` (0-based) of ``count``, one per xdist
+    worker of each ``--ptn-shard`` machine, each drawing its own programs."""
+
+    index: int
+    count: int
+
+    def __str__(self) -> str:
+        return f"share{self.index + 1}of{self.count}"
+
+
+def fuzz_shares(config: pytest.Config) -> int:
+    """How many parts the fuzz budget is split into: the workers of a machine times the machines. Every
+    worker collects the same items, so the count comes from what every worker knows alike."""
+    workerinput = getattr(config, "workerinput", None)
+    workers = int(workerinput["workercount"]) if workerinput else 1
+    machines = config.stash[shards.SHARD].count if shards.SHARD in config.stash else 1
+    return workers * machines
+
+
 @pytest.fixture
-def ptn_fuzz(request: pytest.FixtureRequest, ptn_backend: Backend) -> Callable[[Callable[..., None]], Any]:
-    """Decorator giving a ``@given`` test the run's fuzz profile and seed."""
-    from hypothesis import seed, settings
+def ptn_fuzz_share(request: pytest.FixtureRequest) -> FuzzShare:
+    """This item's share of the fuzz budget (the whole of it where the run has one worker)."""
+    param = getattr(request, "param", None)
+    return param if isinstance(param, FuzzShare) else FuzzShare(0, 1)
+
+
+class FuzzRun:
+    """The ``ptn_fuzz`` fixture: a decorator giving a ``@given`` test the run's fuzz profile and seed (its
+    share of them), and the mechanisms the backend's expectations list (``listed``)."""
+
+    def __init__(self, profile: Any, run_seed: int, share: FuzzShare, listed: dict[str, Any]):
+        self.profile = profile
+        self.run_seed = run_seed
+        self.share = share
+        self.listed = listed
+
+    def __call__(self, test: Callable[..., None]) -> Any:
+        from hypothesis import seed, settings
+
+        if self.share.count == 1:
+            # A derandomized profile (ptn-ci) tests the same programs in every run, so an expected failure
+            # it finds is found every time; @seed would override that and draw other programs each run.
+            return self.profile(test) if self.profile.derandomize else seed(self.run_seed)(self.profile(test))
+        examples = -(-self.profile.max_examples // self.share.count)
+        # Each share draws its own programs: by its index under ptn-ci (the same ones in every run with the
+        # same number of shares), by the run's seed and its index under ptn-nightly.
+        base = 0 if self.profile.derandomize else self.run_seed
+        part = settings(self.profile, max_examples=examples, derandomize=False)
+        return seed(base + self.share.index)(part(test))
+
+
+@pytest.fixture
+def ptn_fuzz(request: pytest.FixtureRequest, ptn_backend: Backend, ptn_fuzz_share: FuzzShare) -> FuzzRun:
+    """Decorator giving a ``@given`` test the run's fuzz profile and seed, and what the backend's
+    expectations list (FuzzRun)."""
+    from hypothesis import settings
 
     import pytest_ptn.strategies  # noqa: F401  registers the profiles
 
@@ -503,15 +568,11 @@ def ptn_fuzz(request: pytest.FixtureRequest, ptn_backend: Backend) -> Callable[[
     if Capability.QUANTIZE in ptn_backend.capabilities:
         name = ptn_backend.name
         pytest.skip(not_applicable(f"{name} quantizes each method; generated programs compute 0-d sums"))
+    state = request.config.stash[RUN_STATE]
     profile = settings.get_profile(request.config.getoption("ptn_fuzz_profile"))
-    run_seed = request.config.stash[RUN_STATE].seed
-
-    def apply(test: Callable[..., None]) -> Any:
-        # A derandomized profile (ptn-ci) tests the same programs in every run, so an expected failure it
-        # finds is found every time; @seed would override that and draw other programs each run.
-        return profile(test) if profile.derandomize else seed(run_seed)(profile(test))
-
-    return apply
+    spec = _callspec_param(request.node, "ptn_backend") or ptn_backend.name
+    listed = state.listed_mechanisms(spec) if spec in state.classes else {}
+    return FuzzRun(profile, state.seed, ptn_fuzz_share, listed)
 
 
 def skip_if_not_applicable(item: pytest.Item, backend: Backend) -> None:

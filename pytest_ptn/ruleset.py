@@ -7,8 +7,10 @@ from dataclasses import dataclass
 
 from pytest_ptn.backend import Backend, Capability
 
-SPEC_VERSION = "2"
-"""2: isolation is judged against each method alone on the same backend, and accuracy (A1) is its own rule."""
+SPEC_VERSION = "4"
+"""2: isolation is judged against each method alone on the same backend, and accuracy (A1) is its own rule;
+3: the methods alone share nothing with the program's run (a fresh process); 4: the fuzz sees past known bugs,
+a backend's known failures of generated programs listed by mechanism (pytest_ptn.check.mechanisms)."""
 
 MUST = "MUST"
 SHOULD = "SHOULD"

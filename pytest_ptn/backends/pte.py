@@ -40,10 +40,22 @@ class MethodSignature:
 
 
 class PteLowered(Lowered):
-    def __init__(self, path: Path, data_path: Path | None, methods: dict[str, MethodSignature]):
+    def __init__(
+        self,
+        path: Path,
+        data_path: Path | None,
+        methods: dict[str, MethodSignature],
+        planned_together: dict[str, dict[str, set[str]]] | None = None,
+    ):
+        """``planned_together``: the memory plan's word on state other methods' tensors also use
+        (``shared_memory``); unknown (``{}``) for a .pte read back from disk alone."""
         self.path = path
         self.data_path = data_path
         self.methods = methods
+        self.planned_together = planned_together or {}
+
+    def shared_memory(self) -> dict[str, dict[str, set[str]]]:
+        return self.planned_together
 
     def files(self) -> dict[str, Path]:
         return {"path": self.path, **({"data_path": self.data_path} if self.data_path is not None else {})}
@@ -235,8 +247,8 @@ def lower_to_pte(
     data = sorted(data_dir.glob("*.ptd"))
     if len(data) > 1:  # Runtime.load_program takes one .ptd
         raise NotImplementedError(f"lowering wrote {len(data)} .ptd files, the runtime loads one: {data}")
-    methods = _signatures({m: et.exported_program(m) for m in programs})
-    return PteLowered(path, data[0] if data else None, methods)
+    lowered = {m: et.exported_program(m) for m in programs}
+    return PteLowered(path, data[0] if data else None, _signatures(lowered), planned_together(lowered))
 
 
 def executorch_program(
@@ -268,6 +280,50 @@ def _load_program(lowered: PteLowered) -> Program:
         from executorch.runtime import Runtime
 
         return Runtime.get().load_program(lowered.path, data_path=lowered.data_path)
+
+
+def planned_together(programs: dict[str, ExportedProgram]) -> dict[str, dict[str, set[str]]]:
+    """method -> each of its state keys whose planned memory (memory id, byte range: the TensorSpecs the
+    emitter writes into the .pte) another method's tensors also use -> those methods. ``Runtime.load_program``
+    gives every method of a program one set of arenas, so such a state reads what the other method leaves
+    there; the same key of another method is sharing by design, not counted."""
+    mutable = {fqn for ep in programs.values() for fqn in ep.graph_signature.buffers_to_mutate.values()}
+    held: dict[str, dict[str, tuple[int, int, int]]] = {}
+    spans: dict[str, list[tuple[str | None, int, int, int]]] = {}
+    for method, ep in programs.items():
+        buffers = ep.graph_signature.inputs_to_buffers
+        held[method], spans[method] = {}, []
+        for node in ep.graph.nodes:
+            specs = node.meta.get("spec")
+            for spec in specs if isinstance(specs, (list, tuple)) else [specs]:
+                span = _span(spec)
+                if span is None:
+                    continue
+                fqn = buffers.get(node.name) if node.op == "placeholder" else None
+                if fqn is not None and fqn in mutable:
+                    held[method][fqn] = span
+                spans[method].append((fqn, *span))
+    out: dict[str, dict[str, set[str]]] = {}
+    for method, states in held.items():
+        for fqn, (mem, low, high) in states.items():
+            users = {
+                other
+                for other, theirs in spans.items()
+                if other != method
+                and any(key != fqn and m == mem and lo < high and low < hi for key, m, lo, hi in theirs)
+            }
+            if users:
+                out.setdefault(method, {})[fqn] = users
+    return out
+
+
+def _span(spec: Any) -> tuple[int, int, int] | None:
+    """(memory id, first byte, byte past the last) of a planned tensor; None for one the plan does not place
+    (a constant, a tensor the runtime allocates)."""
+    mem, offset, size = (getattr(spec, a, None) for a in ("mem_id", "mem_offset", "allocated_memory"))
+    if not isinstance(mem, int) or not isinstance(offset, int) or not size or getattr(spec, "const", False):
+        return None
+    return mem, offset, offset + int(size)
 
 
 def _signatures(programs: dict[str, ExportedProgram]) -> dict[str, MethodSignature]:

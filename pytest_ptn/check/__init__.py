@@ -162,6 +162,7 @@ def _refuse_state(backend: Backend, program: UserProgram) -> None:
 
 def _check(backend: Backend, program: UserProgram, sequence: list, workdir: Path) -> list[Finding]:
     from pytest_ptn.check.explain import explain
+    from pytest_ptn.check.mechanisms import isolation_only
     from pytest_ptn.check.package import package_findings
     from pytest_ptn.check.storage import concurrent_partition, partition, storage_findings, topology
     from pytest_ptn.programs.exported import constants_of, mutable_keys
@@ -188,7 +189,7 @@ def _check(backend: Backend, program: UserProgram, sequence: list, workdir: Path
     if any(f.stage == Stage.LOAD for f in findings):
         return findings
     findings = explain(findings, returned, program, sequence)
-    explained = {f.call for f in findings if f.explanation is not None}
+    explained = {f.call for f in findings if any(isolation_only(m) for m in f.mechanisms)}
     findings, accuracy = judge.apart(findings, differing, explained)
     findings += accuracy
     failed = {f.call for f in findings if f.rule != ACCURACY}

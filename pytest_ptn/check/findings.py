@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     import torch
 
     from pytest_ptn.check.hazards import Hazards
+    from pytest_ptn.check.mechanisms import Mechanism
     from pytest_ptn.instruments.comparison import Tolerance
 
 SHOWN_ELEMENTS = 3
@@ -90,6 +91,8 @@ class Finding:
     difference: Difference | None = None
     explanation: str | None = None
     """What the wrong values equal, e.g. "what method 'prefill''s 'weight' would give"."""
+    mechanisms: tuple[Mechanism, ...] = ()
+    """How it came about, as the replay that gives the wrong values says (none: not accounted for)."""
     whose: str | None = None
     """Whose the failure is, for a backend with a witness (``Backend.witness``), as the witness says it:
     "executorch.runtime on the same .pte gives eager's values: the runtime's own"."""

@@ -31,8 +31,10 @@ from packaging.version import InvalidVersion, Version
 
 from pytest_ptn import DISTRIBUTION
 from pytest_ptn.backend import Backend, availability_of, resolve_backend
+from pytest_ptn.check.mechanisms import Kind
 from pytest_ptn.expectations import (
     ANY_SCENARIO,
+    FUZZ_SCENARIO,
     Expectation,
     ExpectationFile,
     ExpectationsError,
@@ -41,6 +43,7 @@ from pytest_ptn.expectations import (
 )
 from pytest_ptn.reporting import reasons, results
 from pytest_ptn.reporting.collect import NO_BACKEND
+from pytest_ptn.reporting.fuzz_tally import merged
 from pytest_ptn.ruleset import RULES, TIMING_DEPENDENT
 
 Cell = tuple[str, str]
@@ -113,6 +116,11 @@ def plan(
     ``rows`` may hold several runs' results: a test found failing in one and passing in another makes its
     cell intermittent."""
     rows = list(rows)
+    fuzz_rows = [r for r in rows if r.scenario == FUZZ_SCENARIO]
+    rows = [r for r in rows if r.scenario != FUZZ_SCENARIO]
+    entries = list(entries)
+    fuzz_entries = [(i, e) for i, e in enumerate(entries) if e.mechanism is not None]
+    by_test: list[Expectation | None] = [e if e.mechanism is None else None for e in entries]
     cells = outcomes_by_cell(rows)
     failing = {c for c, rs in cells.items() if any(r.outcome in FAILING for r in rs)}
     passing = {c for c, rs in cells.items() if any(r.outcome in PASSING for r in rs)}
@@ -129,7 +137,10 @@ def plan(
         for rule, scenario in sorted(failing & passing, key=_cell_order)
     ]
     final: list[Planned] = []
-    for index, entry in enumerate(entries):
+    for index, maybe in enumerate(by_test):
+        if maybe is None:  # the fuzz test's: planned by mechanism below
+            continue
+        entry = maybe
         cell = (entry.rule, entry.scenario)
         if entry.intermittent:  # never stale: a pass is one of its outcomes
             update.kept.append(entry)
@@ -182,7 +193,48 @@ def plan(
             new = Expectation(backend, cell[0], cell[1], reason, "", path, schedule, cell in intermittent)
             update.added.append(new)
             final.append((new, None))
+    final += _plan_mechanisms(update, backend, path, fuzz_entries, fuzz_rows)
     return update, final
+
+
+def _plan_mechanisms(
+    update: Update,
+    backend: str,
+    path: Path,
+    entries: list[tuple[int, Expectation]],
+    rows: list[results.Result],
+) -> list[Planned]:
+    """The fuzz test's entries, one per mechanism: kept while some run's programs showed it or no run
+    tallied the fuzz test, dropped once every run that did saw none, added for what programs showed and
+    no entry lists. A wrong value nothing explains is never listed: it is named in a note, to look into."""
+    tallies = {r.nodeid: r.fuzz for r in rows if r.fuzz is not None}
+    if not tallies:
+        return [(e, i) for i, e in entries]
+    seen = merged(tallies.values()).mechanisms
+    final: list[Planned] = []
+    for index, entry in entries:
+        if entry.mechanism in seen or entry.intermittent:
+            update.kept.append(entry)
+            final.append((entry, index))
+        else:
+            update.stale.append(entry)
+    listed = {e.mechanism for _, e in entries}
+    for key, shown in seen.items():
+        if key in listed:
+            continue
+        if key == Kind.UNEXPLAINED.value:
+            update.notes.append(
+                f"fuzz: {shown.programs} programs with a wrong value no mechanism explains: a finding to "
+                "look into (the smallest is in the run's summary.md), never a known failure"
+            )
+            continue
+        reason = (
+            f"generated programs show {key} ({shown.programs} of {sum(t.programs for t in tallies.values())})"
+        )
+        new = Expectation(backend, "E1", FUZZ_SCENARIO, reason, "", path, mechanism=key)
+        update.added.append(new)
+        final.append((new, None))
+    return final
 
 
 def _flipping(cells: dict[Cell, list[results.Result]]) -> set[Cell]:
@@ -241,6 +293,8 @@ def _table(entry: Expectation) -> Any:
     table = tomlkit.table()
     table.add("rule", entry.rule)
     table.add("scenario", entry.scenario)
+    if entry.mechanism is not None:
+        table.add("mechanism", entry.mechanism)
     table.add("reason", entry.reason)
     if entry.schedule is not None:
         table.add("schedule", entry.schedule)

@@ -26,6 +26,7 @@ it stopped, and its exit status is never 0. With ``--ptn-report`` each test's ro
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import shlex
@@ -41,6 +42,8 @@ from typing import Any
 import pytest
 
 from pytest_ptn.reporting import render, results, stream
+from pytest_ptn.reporting.fuzz_tally import PROPERTY as FUZZ_PROPERTY
+from pytest_ptn.reporting.fuzz_tally import FuzzTally
 from pytest_ptn.ruleset import (
     MUST,
     NOT_APPLICABLE_PREFIX,
@@ -376,6 +379,7 @@ def _rows(record: _Record, backends: set[str]) -> list[results.Result]:
             schedule=props.get("ptn_schedule"),
             intermittent=props.get(INTERMITTENT_PROPERTY) == "1"
             and record.outcome in results.INTERMITTENT_OUTCOMES,
+            fuzz=FuzzTally.from_data(json.loads(props[FUZZ_PROPERTY])) if FUZZ_PROPERTY in props else None,
         )
         for rule in rules
     ]

@@ -10,6 +10,7 @@ from pathlib import Path
 from pytest_ptn.reporting import cause_views
 from pytest_ptn.reporting.cause_views import fenced
 from pytest_ptn.reporting.causes import cause_of, find_causes
+from pytest_ptn.reporting.fuzz_tally import FuzzTally, merged
 from pytest_ptn.reporting.matrix import (
     Cell,
     CellChange,
@@ -112,6 +113,9 @@ def render_text(doc: Results, paint: Paint = _no_paint, pytest_showed: bool = Fa
                 cells.append(text + " " * (widths[b] - len(cell.label if cell else ".")))
             lines.append(f"  {names[row.rule].ljust(name_width)}  " + "  ".join(cells).rstrip())
     lines += [LEGEND, SHOULD_COUNTING]
+    tallies = fuzz_tallies(doc.results)
+    if tallies:
+        lines += ["", *(tally.line(backend) for backend, tally in tallies.items())]
     intermittent = intermittent_findings(doc.results)
     if intermittent:
         lines += ["", f"{intermittent_count(intermittent)}, {INTERMITTENT_MEANING}:"]
@@ -257,6 +261,15 @@ def render_markdown(doc: Results, changes: Sequence[CellChange] | None = None) -
         f"{SHOULD_COUNTING}.",
         "",
     ]
+    tallies = fuzz_tallies(doc.results)
+    if tallies:
+        lines += ["### Fuzz", ""]
+        for backend, tally in tallies.items():
+            lines += [f"- {_md(tally.line(backend))}"]
+            for key, seen in tally.ordered():
+                lines += [f"<details><summary>smallest program of {_md(key)}</summary>", ""]
+                lines += [*fenced(seen.smallest.rstrip("\n"), "python"), "", "</details>", ""]
+        lines.append("")
     failures = findings(doc.results, (FAIL, XPASS))
     if failures:
         lines += ["### Failures", ""] + _md_results_table(failures) + [""]
@@ -270,6 +283,17 @@ def render_markdown(doc: Results, changes: Sequence[CellChange] | None = None) -
         lines += [f"<details><summary>Expected failures (known bugs): {len(xfails)}</summary>", ""]
         lines += _md_results_table(xfails) + ["", "</details>", ""]
     return "\n".join(lines)
+
+
+def fuzz_tallies(rows: Sequence[Result]) -> dict[str, FuzzTally]:
+    """backend -> its fuzz test's tally, the shares of the fuzz budget (workers, machines) merged."""
+    by_backend: dict[str, list[FuzzTally]] = {}
+    seen: set[str] = set()
+    for r in rows:
+        if r.fuzz is not None and r.nodeid not in seen:  # one tally a test, whatever rules it checks
+            seen.add(r.nodeid)
+            by_backend.setdefault(r.backend, []).append(r.fuzz)
+    return {b: merged(tallies) for b, tallies in sorted(by_backend.items())}
 
 
 def _verdict(matrix: Matrix, complete: bool = True) -> str:

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_ptn.reporting.fuzz_tally import FuzzTally
 from pytest_ptn.ruleset import LEVELS, RULES
 from pytest_ptn.scheduling.shards import SHARD_FORMAT
 
@@ -73,6 +74,8 @@ class Result:
     intermittent: bool = False
     """An expectation lists the test as intermittent (pytest_ptn.expectations): it may pass or fail, and
     ``outcome`` (pass or xfail) is what it did this time; reports show it apart."""
+    fuzz: FuzzTally | None = None
+    """The fuzz test's tally: programs run, and what each mechanism showed in (reporting.fuzz_tally)."""
 
 
 @dataclass(frozen=True)
@@ -199,8 +202,9 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "nodeid": (str,),
     "schedule": (str, type(None)),
     "intermittent": (bool,),
+    "fuzz": (dict, type(None)),
 }
-OPTIONAL_FIELDS = {"schedule": None, "intermittent": False}
+OPTIONAL_FIELDS = {"schedule": None, "intermittent": False, "fuzz": None}
 """Fields a row written before they existed may lack, with the value that means."""
 
 
@@ -227,6 +231,11 @@ def _result(index: int, row: Any) -> Result:
         raise ResultsFormatError(
             f"{where}: an intermittent test passes or fails as expected, not {row['outcome']!r}"
         )
+    if row["fuzz"] is not None:
+        try:
+            row["fuzz"] = FuzzTally.from_data(row["fuzz"])
+        except ValueError as e:
+            raise ResultsFormatError(f"{where}: fuzz: {e}") from None
     return Result(**row)
 
 

@@ -109,14 +109,21 @@ class RunState:
     def expected(
         self, spec: str, rules: list[str], scenario: str | None, schedule: str | None = None
     ) -> list[expectations.Expectation]:
-        cls, versions = self.classes[spec], self.availability[spec].versions
+        """The entries that make a test of backend ``spec`` an expected failure (the fuzz test's list
+        mechanisms instead: ``listed_mechanisms``)."""
         return [
             e
-            for f in self.expectation_files
-            if f.applies_to(cls.name, versions)
-            for e in f.entries
-            if e.matches(cls.name, rules, scenario, schedule)
+            for e in self._entries(spec)
+            if e.mechanism is None and e.matches(self.classes[spec].name, rules, scenario, schedule)
         ]
+
+    def listed_mechanisms(self, spec: str) -> dict[str, expectations.Expectation]:
+        """mechanism key -> the entry listing it, for the fuzz test of backend ``spec``."""
+        return {e.mechanism: e for e in self._entries(spec) if e.mechanism is not None}
+
+    def _entries(self, spec: str) -> list[expectations.Expectation]:
+        cls, versions = self.classes[spec], self.availability[spec].versions
+        return [e for f in self.expectation_files if f.applies_to(cls.name, versions) for e in f.entries]
 
     def backend(self, spec: str) -> Backend:
         if spec not in self.instances:

@@ -1,0 +1,141 @@
+"""How a failure came about, as data: made once by the checks (the faulty-binding replays, the memory plan
+of a lowered program, the step that raised or crashed) and read by causes, expectations and the fuzz.
+
+A mechanism's ``key`` is what stays the same from program to program (the kind, what sort of tensor, which
+step, the exception's type): never a generated name, so a known bug listed once covers every program that
+shows it. Its ``detail`` names what this program showed it on (keys, methods), for people. A wrong value no
+check accounts for is ``UNEXPLAINED``: a finding, never something a list of known failures can hold.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+
+
+class Kind(enum.StrEnum):
+    """What went wrong, whatever the program."""
+
+    BY_NAME = "by-name"
+    """A method read another method's tensor of the same name."""
+    PRIVATE_COPY = "private-copy"
+    """A method has its own copy of state the program shares: the other methods' writes never reach it."""
+    ZERO_FILLED = "zero-filled"
+    """A tensor starts zero-filled, not from its initial value (no data shipped for it)."""
+    ONE_MEMORY = "one-memory"
+    """Two buffers live in one memory: a write to one changes the other."""
+    SHARED_ARENA = "shared-arena"
+    """A buffer's planned memory is also used by another method's tensors (the lowered program's memory
+    plan says so): what that method leaves there is what the buffer reads."""
+    LOWERING = "lowering"
+    """Lowering raised."""
+    ERROR = "error"
+    """Loading or running raised."""
+    CRASH = "crash"
+    """The process died (a signal) at a step."""
+    HANG = "hang"
+    """A step made no progress within the run's limit."""
+    UNEXPLAINED = "unexplained"
+    """A wrong value nothing accounts for."""
+
+
+class Role(enum.StrEnum):
+    """What sort of tensor a value mechanism involves."""
+
+    STATE = "state"
+    """A buffer some method writes."""
+    BUFFER = "buffer"
+    """A buffer no method writes."""
+    CONSTANT = "constant"
+    """A parameter, an attribute or a lifted constant."""
+
+
+LISTABLE_VALUE_KINDS = (Kind.BY_NAME, Kind.PRIVATE_COPY, Kind.ZERO_FILLED, Kind.ONE_MEMORY, Kind.SHARED_ARENA)
+"""The kinds that account for wrong values; their key is ``kind:tensor``."""
+
+
+@dataclass(frozen=True)
+class Mechanism:
+    """One way a failure came about: ``kind``, what it involves (``of``: a Role value for a wrong value,
+    the step and exception type for an error), and the program's own names in ``detail``."""
+
+    kind: Kind
+    of: str = ""
+    detail: str = ""
+
+    @property
+    def key(self) -> str:
+        """What an expectation lists: ``zero-filled:state``, ``error:running:RuntimeError``."""
+        return f"{self.kind.value}:{self.of}" if self.of else self.kind.value
+
+    @property
+    def explains(self) -> bool:
+        return self.kind != Kind.UNEXPLAINED
+
+    def __str__(self) -> str:
+        return f"{self.key} ({self.detail})" if self.detail else self.key
+
+
+UNEXPLAINED = Mechanism(Kind.UNEXPLAINED)
+
+
+def isolation_only(m: Mechanism) -> bool:
+    """A mechanism only a program of several methods can show (another method's tensor, state shared
+    wrongly): a value it explains is an isolation defect whatever the method alone gives. A zero-filled
+    constant is not: the method alone may start from zeros too, and then it is that method's own."""
+    return m.kind == Kind.BY_NAME or m.of == Role.STATE
+
+
+def raised(step: str, error: BaseException) -> Mechanism:
+    """The mechanism of an exception at ``step`` (lowering, running): its type and its message's first line,
+    with what varies between programs (numbers, quoted names) left out, are the key."""
+    said = str(error).strip().splitlines()[0].strip() if str(error).strip() else ""
+    what = f"{type(error).__name__}: {without_names(said)}"[:MESSAGE_IN_KEY] if said else type(error).__name__
+    if step == "lowering":
+        return Mechanism(Kind.LOWERING, what, said)
+    return Mechanism(Kind.ERROR, f"{step}:{what}", said)
+
+
+MESSAGE_IN_KEY = 120
+"""How much of an exception's message a key keeps: enough to tell errors of one type apart."""
+
+
+def crashed(step: str, how: str) -> Mechanism:
+    """A process that died (``how``: ``killed by SIGSEGV``) or hung (``how``: ``hung``) at ``step``."""
+    if how == "hung":
+        return Mechanism(Kind.HANG, step)
+    signal = re.search(r"SIG[A-Z]+|exit code -?\d+", how)
+    return Mechanism(Kind.CRASH, f"{step}:{signal[0] if signal else how}", how)
+
+
+def without_names(message: str) -> str:
+    """``message`` with what varies between programs (numbers, quoted names) left out."""
+    message = re.sub(r"'[^']*'|\"[^\"]*\"", "'…'", message)
+    return re.sub(r"\d+", "N", message)
+
+
+class MechanismKeyError(ValueError):
+    """A mechanism key an expectation cannot list."""
+
+
+def check_key(key: str) -> str:
+    """``key`` if a known failure may list it; MechanismKeyError saying why not (an unknown kind, a value
+    kind without its tensor, ``unexplained``)."""
+    kind_text, _, of = key.partition(":")
+    try:
+        kind = Kind(kind_text)
+    except ValueError:
+        kinds = ", ".join(k.value for k in Kind if k != Kind.UNEXPLAINED)
+        raise MechanismKeyError(f"unknown mechanism {key!r} (its kind is one of {kinds})") from None
+    if kind == Kind.UNEXPLAINED:
+        raise MechanismKeyError(
+            "'unexplained' is no mechanism: a wrong value nothing accounts for is a finding to look into, "
+            "never a known failure"
+        )
+    if kind in LISTABLE_VALUE_KINDS and of not in {t.value for t in Role}:
+        tensors = ", ".join(f"{kind.value}:{t.value}" for t in Role)
+        raise MechanismKeyError(f"unknown mechanism {key!r} (one of {tensors})")
+    if kind not in LISTABLE_VALUE_KINDS and not of:
+        raise MechanismKeyError(f"mechanism {key!r} names no step or exception type")
+    return key

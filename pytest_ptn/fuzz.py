@@ -1,0 +1,84 @@
+"""The fuzz test's judgement of one drawn program: what it showed, mechanism by mechanism, so that a
+program a listed mechanism explains is counted and passed over, and one with anything unlisted fails.
+
+Each unlisted mechanism fails with an exception class of its own (``unlisted``): hypothesis tells failures
+apart by their origin, so two unlisted mechanisms are two failures, each shrunk, and shrinking one never
+slips into a program that shows a listed mechanism (that program passes) or another unlisted one (that is
+the other failure).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pytest_ptn.check.mechanisms import Kind, Mechanism, raised
+
+if TYPE_CHECKING:
+    from pytest_ptn.backend import Backend
+    from pytest_ptn.spec import ProgramSpec
+
+SHOWN_MISMATCHES = 10
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A drawn program on a backend: the mechanisms its failure shows (none: it passed) and its text."""
+
+    mechanisms: tuple[Mechanism, ...]
+    message: str
+
+    @property
+    def keys(self) -> list[str]:
+        """Each mechanism's key once, a wrong value nothing explains first."""
+        keys = dict.fromkeys(m.key for m in self.mechanisms)
+        return sorted(keys, key=lambda k: (k != Kind.UNEXPLAINED.value, k))
+
+    def unlisted(self, listed: set[str]) -> list[str]:
+        return [k for k in self.keys if k not in listed]
+
+
+def judge(backend: Backend, spec: ProgramSpec, workdir: Path) -> Verdict:
+    """Lower, load and run ``spec`` on ``backend`` under every load schedule, as ``check_spec`` does; an
+    exception at a step is that step's mechanism, a wrong value the mechanisms the checks found for it."""
+    from pytest_ptn.harness import Case, spec_mismatches
+    from pytest_ptn.spec import Scenario
+
+    case = Case(backend, Scenario("spec", "", spec), lambda name: workdir)
+    lowered = case.lowered()
+    if isinstance(lowered, Exception):
+        return Verdict(
+            (raised("lowering", lowered),), f"lowering failed: {type(lowered).__name__}: {lowered}"
+        )
+    try:
+        mismatches = spec_mismatches(case)
+    except Exception as e:  # the backend raised while loading or running
+        return Verdict((raised("running", e),), f"{type(e).__name__}: {e}")
+    if not mismatches:
+        return Verdict((), "")
+    lines = [f"  {m}" for m in mismatches[:SHOWN_MISMATCHES]]
+    if len(mismatches) > SHOWN_MISMATCHES:
+        lines.append(f"  ... and {len(mismatches) - SHOWN_MISMATCHES} more")
+    how = tuple(m for mismatch in mismatches for m in mismatch.mechanisms)
+    return Verdict(how, "outputs differ from eager:\n" + "\n".join(lines))
+
+
+class UnlistedMechanism(Exception):
+    """A drawn program showed a mechanism the backend's expectations do not list."""
+
+
+_CLASSES: dict[str, type[UnlistedMechanism]] = {}
+
+
+def unlisted(key: str) -> type[UnlistedMechanism]:
+    """The exception class of mechanism ``key``: one class per key, so hypothesis keeps them apart."""
+    if key not in _CLASSES:
+        name = "Unlisted_" + "".join(c if c.isalnum() else "_" for c in key)
+        _CLASSES[key] = type(name, (UnlistedMechanism,), {"key": key})
+    return _CLASSES[key]
+
+
+def program_size(spec: ProgramSpec) -> tuple[int, int, int]:
+    """How big a program is, for the tally's smallest: methods, calls, constants."""
+    return len(spec.methods), len(spec.calls), len(spec.shared) + sum(len(m.constants) for m in spec.methods)
