@@ -1,0 +1,160 @@
+"""The fuzz sees past a backend's known bugs: failures by mechanism (pytest_ptn.check.mechanisms), listed per
+mechanism in expectations, counted when listed, failing the test when not (spec v4)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pytest_ptn import expectations, fuzz
+from pytest_ptn.check.mechanisms import UNEXPLAINED, Kind, Mechanism, MechanismKeyError, check_key, raised
+from pytest_ptn.cli.expectations_update import plan
+from pytest_ptn.reporting import results
+from pytest_ptn.reporting.fuzz_tally import FuzzTally, merged
+
+
+def test_a_key_says_kind_and_what_never_a_generated_name() -> None:
+    a = raised("lowering", ValueError("constant 'w' differs between methods 'prefill' and 'decoder'"))
+    b = raised("lowering", ValueError("constant 'kv' differs between methods 'm6' and 'step'"))
+    assert a.key == b.key == "lowering:ValueError: constant '…' differs between methods '…' and '…'"
+    assert raised("running", RuntimeError("error 0x12\nmore")).key == "error:running:RuntimeError: error NxN"
+    assert Mechanism(Kind.ZERO_FILLED, "state", "'m6_state'").key == "zero-filled:state"
+
+
+@pytest.mark.parametrize(
+    ("key", "said"),
+    [
+        ("unexplained", "no mechanism"),
+        ("zero-filled", "one of zero-filled:state"),
+        ("zero-filled:weights", "one of zero-filled:state"),
+        ("bogus:state", "unknown mechanism 'bogus:state'"),
+        ("lowering", "names no step"),
+    ],
+)
+def test_a_key_no_expectation_can_list_is_refused(key: str, said: str) -> None:
+    with pytest.raises(MechanismKeyError, match=said):
+        check_key(key)
+
+
+def test_each_unlisted_mechanism_fails_with_a_class_of_its_own() -> None:
+    """Hypothesis keeps failures apart by their exception type: two mechanisms, two failures, each shrunk."""
+    assert fuzz.unlisted("zero-filled:constant") is fuzz.unlisted("zero-filled:constant")
+    assert fuzz.unlisted("zero-filled:constant") is not fuzz.unlisted("unexplained")
+    verdict = fuzz.Verdict((Mechanism(Kind.ZERO_FILLED, "state"), UNEXPLAINED), "")
+    assert verdict.keys == ["unexplained", "zero-filled:state"]
+    assert verdict.unlisted({"zero-filled:state"}) == ["unexplained"]
+
+
+def _file(tmp_path: Path, entry: str, backend: str = "pte") -> Path:
+    path = tmp_path / "known.toml"
+    path.write_text(f'backend = "{backend}"\n[[xfail]]\nrule = "E1"\n{entry}reason = "r"\nlink = ""\n')
+    return path
+
+
+@pytest.mark.parametrize(
+    ("entry", "said"),
+    [
+        ('scenario = "fuzz"\n', "a fuzz entry lists one mechanism"),
+        ('scenario = "fuzz"\nmechanism = "unexplained"\n', "is no mechanism"),
+        ('scenario = "fuzz"\nmechanism = "zero-filled:tensor"\n', "unknown mechanism"),
+        ('scenario = "kv_cache"\nmechanism = "zero-filled:state"\n', "only the fuzz test's entries"),
+    ],
+)
+def test_an_entry_that_would_hide_a_new_bug_is_refused(tmp_path: Path, entry: str, said: str) -> None:
+    with pytest.raises(expectations.ExpectationsError, match=said):
+        expectations.read(_file(tmp_path, entry))
+
+
+def test_refusals_are_one_line_usage_errors(pytester: pytest.Pytester) -> None:
+    """Exit 4 and one line: a whole-test fuzz entry, and a file for another backend than the run's."""
+    whole = _file(pytester.path, 'scenario = "fuzz"\n')
+    result = pytester.runpytest_subprocess(
+        "--ptn-backend=reference", f"--ptn-expectations={whole}", "-k", "x"
+    )
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: --ptn-expectations: *a fuzz entry lists one mechanism*"])
+    other = _file(pytester.path, 'scenario = "fuzz"\nmechanism = "zero-filled:state"\n', backend="pte")
+    result = pytester.runpytest_subprocess(
+        "--ptn-backend=reference", f"--ptn-expectations={other}", "-k", "x"
+    )
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["ERROR: --ptn-expectations: *about backend 'pte', and this run tests reference*"]
+    )
+
+
+def _tally(seen: dict[str, int], listed: set[str], programs: int = 10) -> FuzzTally:
+    tally = FuzzTally()
+    for key, count in seen.items():
+        for i in range(count):
+            tally.add([key], listed, f"program {key} {i}", (2 + i, 3, 1))
+    for _ in range(programs - sum(seen.values())):
+        tally.add([], listed, "clean", (1, 1, 1))
+    return tally.finish(listed)
+
+
+def test_the_tally_merges_shares_unlisted_first_and_names_the_unseen() -> None:
+    listed = {"zero-filled:state", "shared-arena:state"}
+    a = _tally({"zero-filled:state": 3, "unexplained": 1}, listed)
+    b = _tally({"zero-filled:state": 1}, listed)
+    both = merged([a, b])
+    assert both.programs == 20 and both.clean == 15
+    assert [key for key, _ in both.ordered()] == ["unexplained", "zero-filled:state"]
+    assert both.mechanisms["zero-filled:state"].programs == 4
+    assert both.mechanisms["zero-filled:state"].size == (2, 3, 1)  # the smallest of either share
+    assert both.unseen == ("shared-arena:state",)
+    line = both.line("pte")
+    assert line.startswith("fuzz on pte: 20 programs, 15 clean; UNLISTED unexplained x1")
+    assert "listed, unseen: shared-arena:state" in line
+    again = FuzzTally.from_data(json.loads(both.to_json()))
+    assert again == both
+
+
+def _fuzz_row(tally: FuzzTally, outcome: str = results.PASS) -> results.Result:
+    return results.Result("E1", "MUST", "fuzz", "pte", outcome, "", "", None, "t::fuzz[pte]", fuzz=tally)
+
+
+def test_results_json_keeps_the_tally() -> None:
+    doc = results.Results("4", {}, [_fuzz_row(_tally({"zero-filled:state": 2}, {"zero-filled:state"}))])
+    assert results.from_dict(json.loads(json.dumps(results.to_dict(doc)))) == doc
+
+
+def test_update_lists_what_programs_showed_drops_the_unseen_and_never_lists_unexplained(
+    tmp_path: Path,
+) -> None:
+    path = _file(tmp_path, 'scenario = "fuzz"\nmechanism = "shared-arena:state"\n')
+    entries = expectations.read(path).entries
+    tally = _tally({"zero-filled:state": 2, "unexplained": 1}, {"shared-arena:state"})
+    update, final = plan(path, "pte", entries, [_fuzz_row(tally, results.FAIL)])
+    assert [e.mechanism for e in update.stale] == ["shared-arena:state"]
+    assert [e.mechanism for e, _ in final] == ["zero-filled:state"]
+    assert any("no mechanism explains" in note for note in update.notes)
+
+
+# --- broken variants of pte, judged with pte's own shipped expectations ------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("variant", "said"),
+    [
+        ("DoublesNumberedMethods", "mechanism unexplained is not listed"),
+        ("ZeroesCollidingConstants", "is not listed"),
+    ],
+)
+def test_the_fuzz_finds_a_new_bug_behind_pte_s_known_ones(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, variant: str, said: str
+) -> None:
+    """pte's expectations list its mechanisms (zero-filled state, the shared arena); a variant with a bug
+    only generated programs show, and one whose values are a neighbour of a listed mechanism (a constant,
+    not state, starting zero-filled), each fails the fuzz test naming what is unlisted."""
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
+    result = pytester.runpytest_subprocess(
+        f"--ptn-backend=broken_pte:{variant}", "-k", "fuzz", "-p", "no:cacheprovider", "--ptn-report", "out"
+    )
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert said in out and "fuzz on broken_pte:" in out
+    if variant == "ZeroesCollidingConstants":
+        assert "UNLISTED zero-filled:" in out
