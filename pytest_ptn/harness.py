@@ -52,9 +52,14 @@ class ProgramUnderTest(Protocol):
 
 @dataclass
 class Mismatch:
+    """One call whose result differs from the truth; ``str()`` is the line a failure shows."""
+
     call: int
+    """Index in the call sequence."""
     method: str
+    """The method called."""
     detail: str
+    """What differs, in words, with the numbers."""
 
     def __str__(self) -> str:
         return f"call #{self.call} {self.method}(): {self.detail}"
@@ -593,6 +598,8 @@ def _fmt(t: torch.Tensor) -> str:
 
 
 def fail_on(mismatches: list[Mismatch], what: str) -> None:
+    """Fail the calling test with ``what`` and the first ten mismatches, one a line, without a traceback:
+    the lines are the failure."""
     if mismatches:
         import pytest
 
