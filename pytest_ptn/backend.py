@@ -37,10 +37,15 @@ class EagerCall:
     """What eager PyTorch did on one call of the sequence."""
 
     method: str
+    """The method called."""
     inputs: tuple[torch.Tensor, ...]
+    """Its inputs as given, before the call could mutate them."""
     outputs: list[torch.Tensor]
+    """Its outputs: what each backend's run of the call is compared with."""
     inputs_after: tuple[torch.Tensor, ...]
+    """The inputs after the call, for a method that mutates its inputs in place."""
     state_after: dict[str, torch.Tensor]
+    """Every mutable buffer after the call, by FQN: what a state view must show then (E3-E5)."""
     wide: EagerCall | None = None
     """The same call when eager runs the program widened to float64, for a reduced-precision program: how
     far eager's own rounding moves each value (pytest_ptn.instruments.comparison); None where it cannot
@@ -56,6 +61,9 @@ class EagerCall:
 
 
 class Capability(enum.Enum):
+    """A view a backend can show of what it lowered or loaded: the rules whose checks need a view apply only
+    to the backends that have it (pytest_ptn.ruleset.RULE_NEEDS); the others report them as not applicable."""
+
     PACKAGE = "package"
     """Lowering writes a package with named data that ``Lowered.package()`` shows (P rules)."""
     EXECUTE = "execute"
@@ -73,11 +81,17 @@ class Capability(enum.Enum):
 
 @dataclass(frozen=True)
 class Availability:
+    """Whether a backend can run on this machine, and why not: a requested backend that cannot is a usage
+    error with the reason, never an all-skipped green run."""
+
     available: bool
+    """Whether the backend can lower and load here."""
     reason: str = ""
     """Why the backend cannot run here; for one that can, what a reader of its results must know (the run
     header and ``list backends`` show it)."""
     versions: dict[str, str] = field(default_factory=dict)
+    """Distribution -> installed version of what the backend runs on: reports' provenance, and what an
+    expectations file's ``requires`` is matched against."""
 
 
 @dataclass(frozen=True)
@@ -98,8 +112,11 @@ class Entry:
     """A stored tensor of a package, described without reading its bytes."""
 
     dtype: str
+    """torch's name of its dtype."""
     shape: tuple[int, ...]
+    """Its shape."""
     nbytes: int
+    """The bytes it takes in the package: P4 sums them."""
 
 
 @dataclass(frozen=True)
@@ -107,8 +124,11 @@ class Reference:
     """A place in a package that names a data key; ``where`` says which field (binding, mutation target)."""
 
     method: str
+    """The method whose field it is."""
     where: str
+    """Which field: a constant binding, a mutation target, a quantization parameter, a nested graph's."""
     name: str
+    """The data key it names: P3 requires one that is stored, under its final name."""
 
 
 @dataclass
@@ -118,18 +138,23 @@ class PackageView:
     bindings: dict[str, dict[str, str]]
     """method -> key as the exported program names it -> final name."""
     references: list[Reference]
+    """Every place in the package that names a data key."""
     entries: dict[str, Entry]
     """owners: final name -> stored tensor."""
     aliases: dict[str, str]
     """alias -> owner."""
     state_keys: set[str]
+    """The final names of mutable state (``state/<key>``, P2): never deduped (P5)."""
     read: Callable[[str], torch.Tensor]
     """The tensor stored under a final name, aliases resolved."""
 
 
 @dataclass(frozen=True)
 class MemoryReading:
+    """What loading a program's constants cost in memory, and by which instrument (S6)."""
+
     peak_bytes: int
+    """The peak bytes allocated while the constants loaded."""
     probe: str
     """Which instrument produced the number, for the report."""
     resolution: int = 0
@@ -140,8 +165,10 @@ class Lowered(ABC):
     """A lowered program: the artifact on disk plus whatever the backend needs to load it."""
 
     path: Path
+    """The artifact the lowering wrote (a package, a ``.pte``): a repro bundle copies it."""
 
     def package(self) -> PackageView:
+        """What the package holds, read back from the file (Capability.PACKAGE): the P rules check this."""
         raise NotImplementedError(f"{type(self).__name__} has no package view")
 
     def files(self) -> dict[str, Path]:
@@ -207,6 +234,7 @@ class Witness:
     """Another runtime's load of a lowered program (``Backend.witness``), and the words that name it."""
 
     loaded: Loaded
+    """The witness's own loaded copy of the program, run on the same calls as the backend's."""
     by: str
     """Who runs what, as a failure says it: ``executorch.runtime on the same .pte``."""
 
@@ -220,8 +248,15 @@ class Witness:
 
 
 class Backend(ABC):
+    """What the suite lowers and loads programs through: subclass it, implement ``availability``, ``lower``
+    and ``load``, declare ``capabilities``, and register it as an entry point in ``pytest_ptn.backends``.
+    The suite makes instances with no arguments: one for the run, which lowers, and one per test, which
+    loads, so a cache a loader keeps on its instance never carries one test's programs into another's."""
+
     name: ClassVar[str]
+    """What ``--ptn-backend`` calls it, and the backend named in test ids, reports and expectation files."""
     capabilities: ClassVar[frozenset[Capability]]
+    """The views this backend can show: they decide which rules apply to it."""
     tolerance: ClassVar[Tolerance | None] = None
     """What a backend that quantizes (Capability.QUANTIZE) may differ by from its converted modules, beyond
     the dtype's bound (pytest_ptn.instruments.comparison): declared by the backend, with its derivation."""

@@ -76,12 +76,20 @@ class ExpectationsError(ValueError):
 
 @dataclass(frozen=True)
 class Expectation:
+    """One ``[[xfail]]`` entry: a failure a backend is known to have, which its tests are expected to show."""
+
     backend: str
+    """The backend, as the file's ``backend`` names it."""
     rule: str
+    """The rule that fails."""
     scenario: str
+    """The scenario it fails on (the catalogue's, the zoo's, a host program's or ``fuzz``), or ``"*"``."""
     reason: str
+    """Why, in one line: what the failing test reports."""
     link: str
+    """The issue that tracks it; ``""`` until one is filed."""
     source: Path
+    """The file it was read from, which a stale entry's message says to edit."""
     schedule: str | None = None
     """The load schedule (LoadSchedule value) the failure shows under; None: every schedule."""
     intermittent: bool = False
@@ -92,6 +100,7 @@ class Expectation:
     def matches(
         self, backend: str, rules: list[str], scenario: str | None, schedule: str | None = None
     ) -> bool:
+        """Whether this entry lists a test of ``rules`` on ``backend``, ``scenario`` and ``schedule``."""
         return (
             self.backend == backend
             and self.rule in rules
@@ -108,6 +117,7 @@ class Expectation:
         )
 
     def describe(self) -> str:
+        """The reason a listed test's xfail is reported with: the entry, and what to do once it passes."""
         link = self.link or "no link yet"
         if self.intermittent:
             return (
@@ -122,12 +132,20 @@ class Expectation:
 
 @dataclass(frozen=True)
 class ExpectationFile:
+    """One file of known failures: one backend's, for the versions it names."""
+
     path: Path
+    """Where it was read from."""
     backend: str
+    """The backend its entries are about."""
     requires: dict[str, SpecifierSet]
+    """Distribution -> the versions the entries hold for: a file for other versions is not used."""
     entries: tuple[Expectation, ...]
+    """Its ``[[xfail]]`` entries."""
 
     def applies_to(self, backend: str, versions: dict[str, str]) -> bool:
+        """Whether the file is about ``backend`` and every required distribution is installed at a version
+        it names (``versions``: the backend's ``Availability.versions``)."""
         if backend != self.backend:
             return False
         for dist, spec in self.requires.items():

@@ -54,9 +54,14 @@ class ProgramUnderTest(Protocol):
 
 @dataclass
 class Mismatch:
+    """One call whose result differs from the truth; ``str()`` is the line a failure shows."""
+
     call: int
+    """Index in the call sequence."""
     method: str
+    """The method called."""
     detail: str
+    """What differs, in words, with the numbers."""
     mechanisms: tuple[Mechanism, ...] = (UNEXPLAINED,)
     """How the wrong value came about (pytest_ptn.check.mechanisms), as the checks found it."""
 
@@ -653,6 +658,8 @@ def _fmt(t: torch.Tensor) -> str:
 
 
 def fail_on(mismatches: list[Mismatch], what: str) -> None:
+    """Fail the calling test with ``what`` and the first ten mismatches, one a line, without a traceback:
+    the lines are the failure."""
     if mismatches:
         import pytest
 

@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 from pytest_ptn.spec import Constant, Method, ProgramSpec, Write
 
 METHOD_NAMES = ("prefill", "decode", "encoder", "decoder", "forward", "step", "m6", "m7")
+"""The method names a program draws from: the entry points real multi-method programs have, then more."""
 NAMES = (
     "w",
     "_tensor_constant0",
@@ -66,7 +67,9 @@ class Slot:
     constant of the shared root (``shared.<name>``, one tensor for every method reading it)."""
 
     constant: Constant
+    """Its family, dtype, shape and persistence; the draw gives it a name and a seed."""
     root: int | None = None
+    """Its index in ``ROOT`` for a constant of the shared root; None for the method's own."""
 
 
 def _slot(
@@ -95,11 +98,15 @@ class MethodShape:
     buffer it updates with ``op``, then reads)."""
 
     reads: tuple[Slot, ...]
+    """The constants it reads, in order: one output each."""
     state: Slot | None = None
+    """The buffer it writes, or None for a method that only reads."""
     op: str = "add"
+    """How it writes ``state`` (pytest_ptn.spec.Write: ``add``, ``copy``, ``index_copy``)."""
 
     @property
     def slots(self) -> tuple[Slot, ...]:
+        """Every constant of the graph, the written buffer last: each gets a name drawn for it."""
         return (*self.reads, *((self.state,) if self.state is not None else ()))
 
 
@@ -223,6 +230,8 @@ def _register_profiles() -> None:
 
 _register_profiles()
 PROFILES = ("ptn-ci", "ptn-nightly")
+"""The hypothesis profiles ``--ptn-fuzz-profile`` picks from: CI's 12 derandomized examples, unshrunk, and
+the nightly's 400 random ones, shrunk, with a database."""
 
 
 def reproducer(spec: ProgramSpec) -> str:

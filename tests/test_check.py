@@ -28,7 +28,7 @@ from pytest_ptn.programs.source import method_view
 from pytest_ptn.reference.loader import ReferenceLoaded, ReferenceLowered
 from pytest_ptn.reference.package import read_package
 
-README = Path(__file__).parent.parent / "README.md"
+CHECK_PAGE = Path(__file__).parent.parent / "docs" / "check-program.md"
 
 
 class PrefillDecode(torch.nn.Module):
@@ -242,13 +242,13 @@ def test_unknown_backend_is_an_error() -> None:
         check_program(PrefillDecode(), METHODS, backend="no-such-backend")
 
 
-def test_the_readme_examples_run() -> None:
-    """The float32 example and the bf16 one."""
-    section = README.read_text().split("## Your own program", 1)[1].split("### ", 1)[0]
+def test_the_docs_examples_run() -> None:
+    """The float32 example and the bf16 one of the docs' check_program section."""
+    section = CHECK_PAGE.read_text().split("\n## check_program\n", 1)[1].split("\n## ", 1)[0]
     examples = re.findall(r"```python\n(.*?)```", section, re.S)
-    assert len(examples) == 2, "README's check_program section has not its two examples"
+    assert len(examples) == 2, "the docs' check_program section has not its two examples"
     for example in examples:
-        exec(compile(example, "README.md", "exec"), {})
+        exec(compile(example, "docs/check-program.md", "exec"), {})
 
 
 def test_a_finding_reads_as_one_line() -> None:

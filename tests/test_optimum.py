@@ -1,6 +1,6 @@
 """Programs as optimum-executorch exports them (the ``[hf]`` extra; skipped without it): a causal LM, a
 Whisper and a multimodal model built from transformers config objects with random weights, through
-check_program as optimum returns them; the zoo's optimum family; the README's example. Each model is
+check_program as optimum returns them; the zoo's optimum family; the docs' example. Each model is
 built once per session (an export takes seconds, importing transformers more)."""
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ from pytest_ptn.programs.zoo_models import SEED, randomize
 
 pytestmark = pytest.mark.extra("hf")
 
-README = Path(__file__).parents[1] / "README.md"
+CHECK_PAGE = Path(__file__).parents[1] / "docs" / "check-program.md"
 HF = ["zoo_hf_llama", "zoo_hf_whisper"]
 
 
 @pytest.fixture(scope="session", autouse=True)
 def optimum_installed() -> None:
     """Imports optimum's task modules once, their upstream import-time warnings (executorch's, torchao's)
-    contained, so that the README's example meets them imported."""
+    contained, so that the docs' example meets them imported."""
     with upstream_noise.contained():
         import optimum.exporters.executorch.tasks.asr  # noqa: F401
         import optimum.exporters.executorch.tasks.causal_lm  # noqa: F401
@@ -158,7 +158,8 @@ def test_a_model_optimum_changed_is_named_in_the_skip(monkeypatch: pytest.Monkey
     assert message.endswith(f"TypeError: {changed.__doc__}")
 
 
-def test_the_readme_optimum_example_runs() -> None:
-    section = README.read_text().split("### Programs optimum-executorch exports", 1)[1].split("\n#", 1)[0]
+def test_the_docs_optimum_example_runs() -> None:
+    section = CHECK_PAGE.read_text().split("\n## Programs optimum-executorch exports\n", 1)[1]
+    section = section.split("\n#", 1)[0]
     (example,) = re.findall(r"```python\n(.*?)```", section, re.S)
-    exec(compile(example, "README.md", "exec"), {})
+    exec(compile(example, "docs/check-program.md", "exec"), {})

@@ -10,7 +10,7 @@ package holds; within the deadline, so unbounded work fails too.
 
 By default each reader gets :data:`DEFAULT_EXAMPLES` derandomized examples (seconds, for CI). A large
 random run: ``PTN_READER_FUZZ_EXAMPLES=20000 pytest tests/test_reader_fuzz.py -p no:cacheprovider
---hypothesis-show-statistics`` (README, Development).
+--hypothesis-show-statistics`` (docs/fuzzing.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """A backend repository's own programs as conformance scenarios (the ``pytest_ptn_programs`` hook).
 
-The README's example conftest is the program under test, so the docs cannot rot. Runs select that program
-(``-k``) and a few rules (``-m``) on the reference backend and its broken variants: seconds, no executorch.
+The example conftest of docs/check-program.md is the program under test, so the docs cannot rot. Runs
+select that program (``-k``) and a few rules (``-m``) on the reference backend and its broken variants:
+seconds, no executorch.
 """
 
 from __future__ import annotations
@@ -19,28 +20,28 @@ from pytest_ptn.programs.exported import functionalize
 from pytest_ptn.programs.traits import derived_tags
 from pytest_ptn.programs.user import NamedProgram, NamedProgramError
 
-README = Path(__file__).parents[1] / "README.md"
+CHECK_PAGE = Path(__file__).parents[1] / "docs" / "check-program.md"
 PROGRAM = "my_kv_model"
 
 
-def readme_conftest() -> str:
-    """The first python block of the README's hook subsection."""
-    text = README.read_text(encoding="utf-8")
-    section = text[text.index("### Your programs in the conformance matrix") :]
+def docs_conftest() -> str:
+    """The first python block of the docs' hook section."""
+    text = CHECK_PAGE.read_text(encoding="utf-8")
+    section = text[text.index("\n## Your programs in the conformance matrix\n") :]
     match = re.search(r"```python\n(.*?)```", section, re.S)
-    assert match is not None, "the README's hook subsection has no python example"
+    assert match is not None, "the docs' hook section has no python example"
     return match.group(1)
 
 
 def run_suite(pytester: pytest.Pytester, backend: str, *args: str) -> pytest.RunResult:
     """The installed suite run from a folder holding the example conftest, as a backend repository runs it."""
-    pytester.makeconftest(readme_conftest())
+    pytester.makeconftest(docs_conftest())
     return pytester.runpytest_inprocess(
         f"--ptn-backend={backend}", "-k", PROGRAM, "-p", "no:cacheprovider", "-v", *args
     )
 
 
-def test_readme_program_runs_e_s_p_tests_on_reference(pytester: pytest.Pytester, warm_torch: None) -> None:
+def test_docs_program_runs_e_s_p_tests_on_reference(pytester: pytest.Pytester, warm_torch: None) -> None:
     result = run_suite(pytester, "reference", "-m", "E1 or E3 or E5 or S1 or S2 or S3 or P1 or P2")
     outcomes = result.parseoutcomes()
     assert outcomes.get("passed", 0) == 11 and "failed" not in outcomes, outcomes  # E1, E3, E5 twice
@@ -92,7 +93,7 @@ def test_expectation_file_naming_no_program_is_an_error(pytester: pytest.Pyteste
 
 def test_program_named_like_a_catalogue_scenario_is_an_error(pytester: pytest.Pytester) -> None:
     pytester.makeconftest(
-        readme_conftest().replace(f'"{PROGRAM}"', '"kv_cache"'),
+        docs_conftest().replace(f'"{PROGRAM}"', '"kv_cache"'),
     )
     result = pytester.runpytest_inprocess("--ptn-backend=reference", "--collect-only")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
@@ -271,7 +272,7 @@ def test_exported_programs_are_a_program() -> None:
 
 def test_the_run_header_shows_each_programs_hazards(pytester: pytest.Pytester, warm_torch: None) -> None:
     """What the rules can bite on in the program: all four hazards, so no rule is left without a case."""
-    pytester.makeconftest(readme_conftest())
+    pytester.makeconftest(docs_conftest())
     result = pytester.runpytest_inprocess(
         "--ptn-backend=reference", "-p", "no:cacheprovider", "--collect-only"
     )

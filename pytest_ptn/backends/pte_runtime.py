@@ -62,6 +62,7 @@ class PteRuntime(Backend):
 
     capabilities = frozenset({Capability.EXECUTE})
     lowerings: ClassVar[tuple[str, ...]] = tuple(LOWERINGS)
+    """The names in ``LOWERINGS`` this runtime runs: leave out one whose programs it cannot run at all."""
     lowering: ClassVar[str | None] = None
     """The lowering this class runs with; None for the class you write, which stands for its ``lowerings``."""
 
@@ -71,6 +72,8 @@ class PteRuntime(Backend):
 
     @classmethod
     def availability(cls) -> Availability:
+        """executorch's, which the lowering and the witness need: override it to say whether your runtime is
+        here too."""
         return LOWERINGS[cls.lowering or "portable"].availability()
 
     @classmethod

@@ -23,11 +23,17 @@ class Stage(enum.StrEnum):
     """The step of the check where a finding showed."""
 
     LOWER = "lower"
+    """Lowering the program through the backend (E2; P7 and X1 for a program the rules reject)."""
     LOAD = "load"
+    """Loading the lowered program or one of its methods (E2)."""
     RUN = "run"
+    """A call that raised (E1)."""
     COMPARE = "compare"
+    """A call's outputs or state compared with the truth (E1, E3-E5, A1)."""
     PACKAGE = "package"
+    """The package read back from the file (P1-P5)."""
     STORAGE = "storage"
+    """Which constants share one allocation (S1-S3, S5, S7)."""
 
 
 @dataclass(frozen=True)
@@ -35,9 +41,13 @@ class Difference:
     """How far a tensor the backend gave is from eager's."""
 
     max_abs: float
+    """The largest absolute error."""
     max_rel: float
+    """The largest error relative to eager's value."""
     differing: int
+    """How many elements differ beyond the bound."""
     total: int
+    """How many elements the tensor has."""
     first: tuple[tuple[tuple[int, ...], float, float], ...]
     """The first differing elements: (index, backend's value, eager value)."""
     snr_db: float = math.inf
@@ -83,12 +93,17 @@ class Finding:
     """One way the backend broke a rule on the user's program; ``str()`` is the line to show."""
 
     rule: str
+    """The rule broken: ``E1``, ``P3``, ..."""
     stage: Stage
+    """The step of the check it showed in."""
     detail: str
+    """What was wrong, in words."""
     method: str | None = None
+    """The method it is about, if one."""
     call: int | None = None
     """Index in the call sequence, for findings made while running it."""
     difference: Difference | None = None
+    """How far the value is from the truth, for a finding of a wrong value."""
     explanation: str | None = None
     """What the wrong values equal, e.g. "what method 'prefill''s 'weight' would give"."""
     mechanisms: tuple[Mechanism, ...] = ()
@@ -121,3 +136,4 @@ class Findings(list[Finding]):
     def __init__(self, findings: Iterable[Finding], hazards: Hazards):
         super().__init__(findings)
         self.hazards = hazards
+        """What the program holds that the rules are about, and the rules it left with no case to check."""

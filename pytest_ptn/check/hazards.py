@@ -71,6 +71,7 @@ class Hazards:
     """Method -> the methods that ran before its first call (loaded then, as a runner that loads a method
     at its first call does)."""
     constant_methods: tuple[str, ...]
+    """Methods that return a constant (optimum's ``get_max_seq_len``): named, never lowered or checked."""
 
     @property
     def unchecked(self) -> dict[str, Family]:
