@@ -61,17 +61,16 @@ class Mechanism:
     the step and exception type for an error), and the program's own names in ``detail``."""
 
     kind: Kind
+    """What went wrong."""
     of: str = ""
+    """What it involves, the same in every program: a Role for a wrong value, step and exception otherwise."""
     detail: str = ""
+    """The program's own names (keys, methods), for people; never part of the key."""
 
     @property
     def key(self) -> str:
         """What an expectation lists: ``zero-filled:state``, ``error:running:RuntimeError``."""
         return f"{self.kind.value}:{self.of}" if self.of else self.kind.value
-
-    @property
-    def explains(self) -> bool:
-        return self.kind != Kind.UNEXPLAINED
 
     def __str__(self) -> str:
         return f"{self.key} ({self.detail})" if self.detail else self.key
