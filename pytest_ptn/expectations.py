@@ -14,7 +14,7 @@ One TOML file per backend (and version range) in ``conformance/expectations/``:
     [[xfail]]
     rule = "E1"
     scenario = "fuzz"
-    mechanism = "zero-filled:state"     # the fuzz test's entries: one mechanism each (check.mechanisms)
+    mechanism = "zero-filled:state"     # the fuzz test's entries: one mechanism each (pytest_ptn.mechanisms)
     reason = "..."
     link = "..."
 
@@ -40,7 +40,7 @@ from pathlib import Path
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from pytest_ptn.check.mechanisms import MechanismKeyError, check_key
+from pytest_ptn.mechanisms import MechanismKeyError, check_key
 from pytest_ptn.programs import zoo
 from pytest_ptn.programs.catalogue import BY_NAME
 from pytest_ptn.ruleset import RULES
@@ -95,7 +95,7 @@ class Expectation:
     intermittent: bool = False
     """The test may pass or fail (its verdict depends on timing): expected, never stale either way."""
     mechanism: str | None = None
-    """The fuzz test's entries: the mechanism (check.mechanisms key) whose programs it passes over."""
+    """The fuzz test's entries: the mechanism (pytest_ptn.mechanisms key) whose programs it passes over."""
 
     def matches(
         self, backend: str, rules: list[str], scenario: str | None, schedule: str | None = None

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pytest_ptn.check.mechanisms import Kind, Mechanism, raised
+from pytest_ptn.mechanisms import Kind, Mechanism, raised
 
 if TYPE_CHECKING:
     from pytest_ptn.backend import Backend

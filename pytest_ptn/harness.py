@@ -12,7 +12,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from pytest_ptn.check.mechanisms import UNEXPLAINED, Kind, Mechanism, Role, isolation_only
+from pytest_ptn.mechanisms import UNEXPLAINED, Kind, Mechanism, Role, isolation_only
 from pytest_ptn.run.state import LoweringCache
 from pytest_ptn.schedule import LoadSchedule
 
@@ -63,7 +63,7 @@ class Mismatch:
     detail: str
     """What differs, in words, with the numbers."""
     mechanisms: tuple[Mechanism, ...] = (UNEXPLAINED,)
-    """How the wrong value came about (pytest_ptn.check.mechanisms), as the checks found it."""
+    """How the wrong value came about (pytest_ptn.mechanisms), as the checks found it."""
 
     def __str__(self) -> str:
         return f"call #{self.call} {self.method}(): {self.detail}"

@@ -10,7 +10,7 @@ from pytest_ptn.backend import Backend, Capability
 SPEC_VERSION = "4"
 """2: isolation is judged against each method alone on the same backend, and accuracy (A1) is its own rule;
 3: the methods alone share nothing with the program's run (a fresh process); 4: the fuzz sees past known bugs,
-a backend's known failures of generated programs listed by mechanism (pytest_ptn.check.mechanisms)."""
+a backend's known failures of generated programs listed by mechanism (pytest_ptn.mechanisms)."""
 
 MUST = "MUST"
 SHOULD = "SHOULD"

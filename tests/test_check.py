@@ -408,7 +408,8 @@ def test_faulty_bindings_bind_the_fresh_exports_own_keys_and_skip_subclass_weigh
     assert type(fresh["decode"].state_dict["0.weight"]) is not torch.nn.Parameter
     sequence = [("prefill", (torch.ones(2, 4),)), ("decode", (torch.ones(2, 4),))]
     replays = faulty_replays(fresh, set(), sequence)
-    assert sorted(label for label, _ in replays) == [
+    assert sorted(r.label for r in replays) == [
+        "what '0.bias' starting zero-filled would give",
         "what method 'decode''s '0.bias' would give",
         "what method 'prefill''s '0.bias' would give",
     ]

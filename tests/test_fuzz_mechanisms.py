@@ -1,4 +1,4 @@
-"""The fuzz sees past a backend's known bugs: failures by mechanism (pytest_ptn.check.mechanisms), listed per
+"""The fuzz sees past a backend's known bugs: failures by mechanism (pytest_ptn.mechanisms), listed per
 mechanism in expectations, counted when listed, failing the test when not (spec v4)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from pytest_ptn import expectations, fuzz
-from pytest_ptn.check.mechanisms import UNEXPLAINED, Kind, Mechanism, MechanismKeyError, check_key, raised
 from pytest_ptn.cli.expectations_update import plan
+from pytest_ptn.mechanisms import UNEXPLAINED, Kind, Mechanism, MechanismKeyError, check_key, raised
 from pytest_ptn.reporting import results
 from pytest_ptn.reporting.fuzz_tally import FuzzTally, merged
 

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -368,6 +369,7 @@ def test_each_fuzz_example_is_a_step(
     from pytest_ptn.conformance import test_fuzz
 
     from pytest_ptn.backends.reference import ReferenceBackend
+    from pytest_ptn.plugin import FuzzRun, FuzzShare
 
     steps: list[tuple[str, str]] = []
 
@@ -376,8 +378,9 @@ def test_each_fuzz_example_is_a_step(
 
     monkeypatch.setattr(crashes, "enter", enter)
     examples = settings(max_examples=2, database=None, derandomize=True, deadline=None)
-    request: Any = None  # read only when an example fails
-    test_fuzz.test_generated_programs_match_eager(request, ReferenceBackend(), examples, tmp_path_factory)
+    request: Any = SimpleNamespace(node=SimpleNamespace(user_properties=[]))  # the tally goes there
+    run = FuzzRun(examples, 0, FuzzShare(0, 1), {})
+    test_fuzz.test_generated_programs_match_eager(request, ReferenceBackend(), run, tmp_path_factory)
     starts = [i for i, step in enumerate(steps) if step == ("checking", "a generated program")]
     assert len(starts) == 2 and starts[0] == 0, steps
     assert all(steps[i + 1] == ("lowering", "spec") for i in starts), steps

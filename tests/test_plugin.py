@@ -373,11 +373,14 @@ def test_expectation_that_passes_is_stale_and_fails_the_run(pytester: pytest.Pyt
     result.stdout.fnmatch_lines(["*XPASS(strict)*known failure of reference on X1*stale*"])
 
 
-def test_expectations_for_another_backend_do_not_apply(pytester: pytest.Pytester) -> None:
+def test_expectations_for_another_backend_are_refused_in_one_line(pytester: pytest.Pytester) -> None:
+    """A file given for a backend the run does not test would apply to nothing: the run then failed or
+    passed with no hint why; it is a usage error naming both."""
     path = expectations_file(pytester, "broken-x1", X1_ANY)
     result = run(pytester, "--ptn-backend=reference", "-m", "P6", f"--ptn-expectations={path}")
-    assert result.ret == pytest.ExitCode.OK
-    assert result.parseoutcomes().get("passed") == 1
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    said = result.stdout.str() + result.stderr.str()
+    assert f"{path} is about backend 'broken-x1', and this run tests reference" in said, said
 
 
 def test_an_entry_that_matches_no_test_is_named_as_a_usage_error(

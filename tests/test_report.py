@@ -289,6 +289,7 @@ def test_results_json(suite: pytest.Pytester) -> None:
         "nodeid",
         "schedule",
         "intermittent",
+        "fuzz",
     }
     assert all(set(row) == fields for row in rows.values())
     outcomes = {key: row["outcome"] for key, row in rows.items()}

@@ -162,9 +162,9 @@ def _refuse_state(backend: Backend, program: UserProgram) -> None:
 
 def _check(backend: Backend, program: UserProgram, sequence: list, workdir: Path) -> list[Finding]:
     from pytest_ptn.check.explain import explain
-    from pytest_ptn.check.mechanisms import isolation_only
     from pytest_ptn.check.package import package_findings
     from pytest_ptn.check.storage import concurrent_partition, partition, storage_findings, topology
+    from pytest_ptn.mechanisms import isolation_only
     from pytest_ptn.programs.exported import constants_of, mutable_keys
 
     if program.conflict is not None:

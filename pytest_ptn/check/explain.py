@@ -1,6 +1,6 @@
 """Say whose data a wrong output read: replay the program with one constant or buffer bound the way a
 faulty loader binds it (or two such faults at once), and see whether that gives the backend's values: the
-replay that does names the mechanisms (pytest_ptn.check.mechanisms)."""
+replay that does names the mechanisms (pytest_ptn.mechanisms)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import torch
 
 from pytest_ptn.check.execution import Call, flat
 from pytest_ptn.check.findings import Difference, Finding, Stage
-from pytest_ptn.check.mechanisms import Kind, Mechanism, Role
 from pytest_ptn.instruments.content import digest
+from pytest_ptn.mechanisms import Kind, Mechanism, Role
 from pytest_ptn.programs.exported import constants_of, mutable_keys
 from pytest_ptn.programs.source import UserProgram, exported_eager, find_tensor, set_tensor
 from pytest_ptn.reference.planner import ConstantUse
@@ -211,7 +211,7 @@ def _bind_one_memory(key: str, other: str, modules: Modules) -> bool:
 
 def _bind_zeroed(key: str, modules: Modules) -> bool:
     zeroed = [t for t in (find_tensor({m: module}, key) for m, module in modules.items()) if t is not None]
-    if not zeroed or not any(bool(t.any()) for t in zeroed) or not all(_plain(t) for t in zeroed):
+    if not zeroed or not all(_plain(t) for t in zeroed) or not any(bool(t.any()) for t in zeroed):
         return False
     with torch.no_grad():
         for t in zeroed:

@@ -12,8 +12,8 @@ if TYPE_CHECKING:
     import torch
 
     from pytest_ptn.check.hazards import Hazards
-    from pytest_ptn.check.mechanisms import Mechanism
     from pytest_ptn.instruments.comparison import Tolerance
+    from pytest_ptn.mechanisms import Mechanism
 
 SHOWN_ELEMENTS = 3
 """How many differing elements a finding lists."""

@@ -31,7 +31,6 @@ from packaging.version import InvalidVersion, Version
 
 from pytest_ptn import DISTRIBUTION
 from pytest_ptn.backend import Backend, availability_of, resolve_backend
-from pytest_ptn.check.mechanisms import Kind
 from pytest_ptn.expectations import (
     ANY_SCENARIO,
     FUZZ_SCENARIO,
@@ -41,6 +40,7 @@ from pytest_ptn.expectations import (
     file_name,
     read,
 )
+from pytest_ptn.mechanisms import Kind
 from pytest_ptn.reporting import reasons, results
 from pytest_ptn.reporting.collect import NO_BACKEND
 from pytest_ptn.reporting.fuzz_tally import merged
