@@ -252,7 +252,9 @@ def one_worker_by_default(early_config: pytest.Config) -> None:
 
     Decided from the command line as parsed so far (``known_args_namespace``, what plugins read before the
     full parse) and written there and into ``config.option``, which the full parse keeps as the default of
-    options not given: every plugin then sees the run as distributed, as if ``-n 1`` had been typed."""
+    options not given: every plugin then sees the run as distributed, as if ``-n 1`` had been typed. A
+    worker, whose command line is the controller's, decides alike: xdist unsets ``-n`` there afterwards, as
+    it does a typed one."""
     if not early_config.pluginmanager.hasplugin("xdist"):
         return
     known = early_config.known_args_namespace
