@@ -219,12 +219,14 @@ def user_programs(config: pytest.Config) -> dict[str, NamedProgram]:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_cmdline_main(config: pytest.Config) -> Generator[None, object, object]:
+def pytest_load_initial_conftests(early_config: pytest.Config) -> Generator[None, object, object]:
     """A conformance run without ``-n`` goes to one xdist worker, so a backend that kills its process fails
     the test it was running instead of ending the run. ``-n 0`` (or ``-p no:xdist``, ``--pdb``) runs in
-    process. A wrapper, so it runs before xdist's own pytest_cmdline_main whatever order the two plugins
-    were registered in (``-p pytest_ptn.plugin`` registers this one first)."""
-    workers.one_worker_by_default(config)
+    process. Decided here, before any plugin reads the command line: pytest-cov chooses between measuring
+    this process and combining its workers' measures in this hook, and a run made distributed after that
+    (in pytest_cmdline_main) ended in an INTERNALERROR. A wrapper, so it runs before every plugin's own
+    implementation (pytest-cov's is tryfirst)."""
+    workers.one_worker_by_default(early_config)
     return (yield)
 
 

@@ -62,14 +62,17 @@ def warm_torch() -> None:
 
 @pytest.fixture(autouse=True)
 def in_process_runs(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """pytester runs of this project's tests are in-process (``-n 0``) unless they pass ``-n`` themselves.
+    """pytester runs of this project's tests are in-process (``-n 0``) unless they pass ``-n`` themselves,
+    and in collection order.
 
     A conformance run without ``-n`` goes to one crash-isolating xdist worker; that default path has its own
-    tests (test_crash_isolation.py), and a worker per run would only make every other plugin test slower.
+    tests (test_crash_isolation.py), and a worker per run would only make every other plugin test slower:
+    those set ``PYTEST_ADDOPTS`` to ``-p no:randomly`` alone. pytest-randomly (the test extra) would shuffle
+    every pytester run, which this project's addopts do not reach; test_other_plugins.py turns it on.
     """
     if "pytester" in request.fixturenames:
         # A run in this process drops the modules it imported: torch's, imported half by a first run and
         # dropped, made later lowerings fail ("SystemError: ... bad call flags") or crash the worker.
         request.getfixturevalue("warm_torch")
         request.getfixturevalue("pytester")  # it clears PYTEST_ADDOPTS when it starts
-        monkeypatch.setenv("PYTEST_ADDOPTS", "-n 0")
+        monkeypatch.setenv("PYTEST_ADDOPTS", "-n 0 -p no:randomly")

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,9 +25,10 @@ from pytest_ptn.backend import (
     Lowered,
     installed_backends,
 )
+from pytest_ptn.backends import probe_cache
 from pytest_ptn.backends.pte import PteBackend
 from pytest_ptn.backends.reference import ReferenceBackend
-from pytest_ptn.cli import inventory
+from pytest_ptn.cli import inventory, progress
 from pytest_ptn.cli.main import main
 from pytest_ptn.programs import zoo
 from pytest_ptn.programs.catalogue import SCENARIOS
@@ -66,6 +69,13 @@ def test_summary_names_whole_families_and_marks_conditional_rules() -> None:
     assert inventory.summarize_rules({}) == "none"
 
 
+@pytest.fixture
+def installed_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``list backends`` without the ext: flows, which the cold listing below checks (seconds each here)."""
+    monkeypatch.setattr(inventory, "ext_flows", lambda status: [])
+
+
+@pytest.mark.usefixtures("installed_only")
 def test_list_backends_text(capsys: pytest.CaptureFixture[str]) -> None:
     out = listed(capsys, "backends")
     lines = {line.split()[0]: line.split() for line in out.splitlines()[1:] if line}
@@ -76,6 +86,7 @@ def test_list_backends_text(capsys: pytest.CaptureFixture[str]) -> None:
     assert "X1?: applies only where lowering rejects" in out
 
 
+@pytest.mark.usefixtures("installed_only")
 def test_list_backends_json(capsys: pytest.CaptureFixture[str]) -> None:
     by_name = {b["name"]: b for b in json.loads(listed(capsys, "backends", "--json"))}
     assert {name for name in by_name if not name.startswith(EXT_PREFIX)} == set(installed_backends())
@@ -103,6 +114,7 @@ class Unavailable(Backend):
         raise NotImplementedError
 
 
+@pytest.mark.usefixtures("installed_only")
 def test_unavailable_and_broken_backends_are_listed_with_why(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -164,11 +176,20 @@ def test_listing_imports_neither_torch_nor_executorch_but_for_the_ext_flows() ->
     assert result.stdout.splitlines()[-1] == "HEAVY []"
 
 
-def test_list_backends_shows_every_ext_flow_and_why_it_cannot_run_here(
-    capsys: pytest.CaptureFixture[str],
+def test_a_cold_list_backends_shows_every_ext_flow_and_says_on_stderr_only_what_it_probes(
+    tmp_path: Path,
 ) -> None:
+    """The first listing in an environment probes each flow whose delegate this runtime lacks (a minute and
+    more): stdout is the JSON alone, and stderr, a log here, names each probe as it starts and holds none of
+    the lines upstream prints meanwhile (torchao's ``Failed to load ... _C_mxfp8...so``, torch's pytree
+    warnings), as a run holds them. The next listing probes nothing, and says nothing."""
     pytest.importorskip("executorch")
-    by_name = {b["name"]: b for b in json.loads(listed(capsys, "backends", "--json"))}
+    cache = tmp_path / "probes"
+    env = {**os.environ, probe_cache.CACHE_ENV: str(cache)}
+    command = [sys.executable, "-m", "pytest_ptn", "list", "backends", "--json"]
+    cold = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert cold.returncode == 0, cold.stderr
+    by_name = {b["name"]: b for b in json.loads(cold.stdout)}
     ext_rows = {name: b for name, b in by_name.items() if name.startswith(EXT_PREFIX)}
     assert {"ext:portable", "ext:xnnpack", "ext:xnnpack_dynamic_int8_per_channel"} <= set(ext_rows)
     assert ext_rows["ext:portable"]["available"] is True
@@ -183,6 +204,58 @@ def test_list_backends_shows_every_ext_flow_and_why_it_cannot_run_here(
         reason = ext_rows["ext:arm*"]["reason"]
         hint = "(module of tosa-tools: pip install 'pytest-ptn[arm]')"
         assert f"No module named 'tosa_serializer' {hint}" in reason
+
+    probed = {
+        name
+        for name, b in ext_rows.items()
+        if "lowers and writes a .pte here" in b["reason"] or "does not lower here" in b["reason"]
+    }
+    said = cold.stderr.splitlines()
+    assert sorted(said) == sorted(
+        f"list backends: probing {name} (once per environment: kept in {cache})" for name in probed
+    ), cold.stderr
+    assert len(list(cache.iterdir())) == len(probed)
+
+    warm = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert warm.returncode == 0, warm.stderr
+    assert (json.loads(warm.stdout), warm.stderr) == (json.loads(cold.stdout), "")
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_is_one_line_rewritten_on_a_terminal_and_slow_steps_alone_in_a_log() -> None:
+    terminal = Terminal()
+    shown = progress.Status(terminal)
+    shown.update("list backends: 1/2 ext: flows")
+    shown.note("list backends: probing ext:x")
+    shown.clear()
+    assert terminal.getvalue() == (
+        "\rlist backends: 1/2 ext: flows\x1b[K\rlist backends: probing ext:x\x1b[K\r\x1b[K"
+    )
+    log = io.StringIO()
+    logged = progress.Status(log)
+    logged.update("list backends: 1/2 ext: flows")
+    logged.note("list backends: probing ext:x")
+    logged.clear()
+    assert log.getvalue() == "list backends: probing ext:x\n"
+
+
+def test_what_native_code_prints_while_held_is_shown_only_if_the_listing_fails(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """Held at the file descriptors, where native code and logging's handlers write (a run captures them
+    there too); a listing that fails shows it, to explain the failure."""
+    with progress.held():
+        os.write(1, b"upstream on stdout\n")
+        os.write(2, b"upstream on stderr\n")
+    assert capfd.readouterr() == ("", "")
+    with pytest.raises(RuntimeError, match="failed"), progress.held():
+        os.write(2, b"upstream before the failure\n")
+        raise RuntimeError("failed")
+    assert capfd.readouterr() == ("", "upstream before the failure\n")
 
 
 def documented_backend_rules() -> dict[str, str]:

@@ -56,7 +56,7 @@ COLLIDING_LITERALS = "colliding_literals and not in_bf16 and not in_fp16"
 
 @pytest.fixture
 def crashing(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
-    monkeypatch.delenv("PYTEST_ADDOPTS")  # the default: isolation on
+    monkeypatch.setenv("PYTEST_ADDOPTS", "-p no:randomly")  # the default: isolation on
     pytester.makepyfile(crashing_backends=CRASHING_BACKENDS)
     pytester.makeini(f"[pytest]\npythonpath = {pytester.path}\n")
     return pytester

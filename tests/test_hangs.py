@@ -141,7 +141,7 @@ SELECT = "(colliding_literals or single_method) and not in_bf16 and not in_fp16"
 
 @pytest.fixture
 def hanging(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
-    monkeypatch.delenv("PYTEST_ADDOPTS")  # the default: isolation on
+    monkeypatch.setenv("PYTEST_ADDOPTS", "-p no:randomly")  # the default: isolation on
     pytester.makepyfile(hanging_backends=HANGING_BACKENDS)
     pytester.makeini(f"[pytest]\npythonpath = {pytester.path}\n")
     return pytester
@@ -307,7 +307,7 @@ def test_a_limit_beyond_the_watchdogs_clock_is_no_limit(
     """faulthandler cannot arm inf or 1e10 s (OverflowError in every test): they are no limit, and the
     worker's steps run under it."""
     assert hangs.limit(pytester.parseconfig(f"--ptn-timeout={given}")) == 0
-    monkeypatch.delenv("PYTEST_ADDOPTS")  # the default: isolation on
+    monkeypatch.setenv("PYTEST_ADDOPTS", "-p no:randomly")  # the default: isolation on
     result = pytester.runpytest_subprocess(
         "--ptn-backend=reference", "-k", "single_method and E1 and not in_bf16 and not in_fp16",
         "-p", "no:cacheprovider", f"--ptn-timeout={given}",

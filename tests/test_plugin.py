@@ -558,7 +558,7 @@ def test_tests_that_wait_for_the_clock_run_after_every_case(
     if in_process:
         result = run(pytester, *args, "-v", "-n", "0")
     else:
-        monkeypatch.delenv("PYTEST_ADDOPTS")  # the default, one worker
+        monkeypatch.setenv("PYTEST_ADDOPTS", "-p no:randomly")  # the default, one worker
         result = pytester.runpytest_subprocess(*args, "-v", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.OK, result.stdout.str()
     done = [

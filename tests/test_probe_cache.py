@@ -73,3 +73,15 @@ def test_a_cache_that_cannot_be_read_or_written_is_probed_past(cache: Path) -> N
     assert probe_cache.remembered("lowers-ext-x", {}, probe) == "found"
     assert probe.runs == 2
     assert cache.read_text() == "a file where the folder should be"
+
+
+def test_a_probe_that_runs_is_announced_and_a_kept_one_is_not(cache: Path) -> None:
+    """``list backends`` names each probe as it starts: the slow step a user waits for."""
+    told: list[str] = []
+    probe = Probe("found")
+    with probe_cache.announced(told.append):
+        probe_cache.remembered("lowers-ext-x", {}, probe)
+        probe_cache.remembered("lowers-ext-x", {}, probe)
+    probe_cache.remembered("lowers-ext-y", {}, probe)
+    assert told == ["lowers-ext-x"]
+    assert probe.runs == 2

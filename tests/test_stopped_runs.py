@@ -91,7 +91,7 @@ class Run:
 def slow_run(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Run]]:
     """Starts the slow suite (or other arguments) as a conformance run; ends what is left of it, worker
     included, afterwards."""
-    monkeypatch.delenv("PYTEST_ADDOPTS")  # the default: an xdist controller and one worker
+    monkeypatch.setenv("PYTEST_ADDOPTS", "-p no:randomly")  # the default: an xdist controller and one worker
     pytester.makepyfile(test_slow_suite=SLOW_SUITE)
     started: list[Run] = []
 
@@ -213,7 +213,7 @@ def test_a_killed_run_leaves_its_verdicts_for_report_render(
 def test_maxfail_under_xdist_is_incomplete(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv("PYTEST_ADDOPTS")
+    monkeypatch.setenv("PYTEST_ADDOPTS", "-p no:randomly")
     pytester.makepyfile(
         test_e1="""
         import pytest
@@ -243,7 +243,7 @@ def test_maxfail_under_xdist_is_incomplete(
 def test_a_worker_pool_that_gave_up_is_incomplete(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv("PYTEST_ADDOPTS")
+    monkeypatch.setenv("PYTEST_ADDOPTS", "-p no:randomly")
     pytester.makepyfile(
         test_e1="""
         import os

@@ -439,13 +439,14 @@ def _printing_dropped() -> Iterator[None]:
             try:
                 yield
             finally:
-                _flush_c_stdio()
+                flush_c_stdio()
     finally:
         os.dup2(kept, 1)
         os.close(kept)
 
 
-def _flush_c_stdio() -> None:
+def flush_c_stdio() -> None:
+    """What C's stdio buffers for stdout and stderr, written to their file descriptors now."""
     with contextlib.suppress(OSError, AttributeError):  # no C library by that name (Windows)
         ctypes.CDLL(None).fflush(None)
 

@@ -14,7 +14,8 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextvars import ContextVar
 from pathlib import Path
 
 from pytest_ptn.backend import package_version
@@ -41,6 +42,20 @@ def environment(distributions: Iterable[str]) -> dict[str, str]:
     return found
 
 
+_ANNOUNCE: ContextVar[Callable[[str], None] | None] = ContextVar("ptn_probe_announce", default=None)
+
+
+@contextlib.contextmanager
+def announced(to: Callable[[str], None]) -> Iterator[None]:
+    """Inside, ``to(name)`` is called as a probe that was not kept starts: the slow step ``list backends``
+    shows while it waits."""
+    token = _ANNOUNCE.set(to)
+    try:
+        yield
+    finally:
+        _ANNOUNCE.reset(token)
+
+
 def remembered(name: str, depends_on: dict[str, str], probe: Callable[[], str | None]) -> str | None:
     """``probe()``'s result as last found for ``name`` in the same environment (``depends_on``); else probed
     now and kept. A cache that cannot be read is probed past, one that cannot be written is left as it was."""
@@ -52,6 +67,9 @@ def remembered(name: str, depends_on: dict[str, str], probe: Callable[[], str | 
             return found
     except (OSError, ValueError, KeyError, TypeError):
         pass
+    announce = _ANNOUNCE.get()
+    if announce is not None:
+        announce(name)
     found = probe()
     with contextlib.suppress(OSError):
         _keep(path, {"depends_on": depends_on, "found": found})

@@ -4,12 +4,20 @@ An installed backend is asked only for its ``availability()``, which imports nei
 the ``ext:`` flows are ExecuTorch's own registry, which only importing executorch's test suite can list.
 ``list backends``, which imports executorch for them anyway, also has each available backend load its
 runtime (``Backend.load_runtime``), where a run would stop before its first test. Whatever one of them
-raises, it is listed as unavailable with what it raised, and the others are listed all the same.
+raises, it is listed as unavailable with what it raised, and the others are listed all the same. The flows
+are asked in worker processes, as many at once as the machine has cores: the first listing in an
+environment lowers a program through each flow whose delegate this runtime lacks (pytest_ptn.backends.ext).
 """
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import sys
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
+from typing import Any
 
 from pytest_ptn.backend import (
     EXT_PREFIX,
@@ -23,7 +31,8 @@ from pytest_ptn.backend import (
     resolve_backend,
     runtime_availability,
 )
-from pytest_ptn.backends import ext
+from pytest_ptn.backends import ext, probe_cache
+from pytest_ptn.cli.progress import QUIET, Status
 from pytest_ptn.programs import catalogue, zoo
 from pytest_ptn.ruleset import RULE_CONDITIONS, RULE_NEEDS, RULES, rules_shown
 
@@ -59,11 +68,14 @@ class RuleInfo:
     """When the rule applies without a capability only case by case: which, and the case; else ""."""
 
 
-def backends(load_runtimes: bool = False) -> list[BackendInfo]:
+def backends(load_runtimes: bool = False, status: Status = QUIET) -> list[BackendInfo]:
     """Every installed backend; one that cannot even be imported is listed as unavailable, with why. With
     ``load_runtimes``, also one whose runtime does not load (that imports torch and executorch)."""
     infos = []
-    for name in sorted(installed_backends()):
+    names = sorted(installed_backends())
+    for i, name in enumerate(names):
+        if load_runtimes:
+            status.update(f"list backends: loading the runtime of {name} ({i + 1}/{len(names)})")
         try:
             cls = resolve_backend(name)
             availability = availability_of(name, cls)
@@ -76,30 +88,100 @@ def backends(load_runtimes: bool = False) -> list[BackendInfo]:
     return infos
 
 
-def ext_flows() -> list[BackendInfo]:
+def ext_flows(status: Status = QUIET) -> list[BackendInfo]:
     """Every flow of ExecuTorch's backend test suite as ``ext:<flow>``, with availability, and each group of
     flows the registry left out (``ext:qnn*``) with why."""
+    status.update("list backends: reading the flow registry of ExecuTorch's backend test suite")
     try:
         listed = ext.listing()
     except Exception as e:  # importing executorch's test suite failed: its runtime, a toolchain
         return [
             BackendInfo(f"{EXT_PREFIX}*", False, f"cannot read the flow registry: {one_line(e)}", {}, [], {})
         ]
+    found = flow_availabilities([cls.flow_name for _, cls, _ in listed if cls is not None], status)
     infos = []
     for name, cls, why_not in listed:
         if cls is None:
             infos.append(BackendInfo(name, False, why_not, {}, [], {}))
             continue
-        try:
-            infos.append(_info(name, cls, availability_of(name, cls)))
-        except BackendError as e:
-            infos.append(BackendInfo(name, False, str(e), {}, _capability_names(cls.capabilities), {}))
+        availability = found[cls.flow_name]
+        if isinstance(availability, str):
+            infos.append(BackendInfo(name, False, availability, {}, _capability_names(cls.capabilities), {}))
+        else:
+            infos.append(_info(name, cls, availability))
     return infos
 
 
-def all_backends() -> list[BackendInfo]:
+def flow_availabilities(flows: list[str], status: Status = QUIET) -> dict[str, Availability | str]:
+    """Each flow's availability, or why asking for it failed. Asked in worker processes, as many at once as
+    the machine has cores; on Linux forked, so that each starts with the registry this process imported."""
+    if not flows:
+        return {}
+    context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
+    events = context.SimpleQueue()
+    found: dict[str, Availability | str] = {}
+    doing: dict[str, str] = {}
+    workers = min(os.cpu_count() or 1, len(flows))
+    kept = f"once per environment: kept in {probe_cache.cache_dir()}"
+    with ProcessPoolExecutor(workers, context, initializer=_tell, initargs=(events,)) as pool:
+        pending: dict[Future[Availability | str], str] = {}
+        for flow in flows:
+            pending[pool.submit(_flow_availability, flow)] = flow
+        while pending:
+            done, _ = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+            for future in done:
+                flow = pending.pop(future)
+                doing.pop(flow, None)
+                try:
+                    found[flow] = future.result()
+                except BrokenProcessPool as e:  # a worker died (a toolchain that crashes its process)
+                    found[flow] = f"asking whether it runs here ended the process that asked: {e}"
+            while not events.empty():
+                step, flow = events.get()
+                if flow not in found:
+                    doing[flow] = step
+                if step == PROBING:
+                    status.note(f"list backends: probing {EXT_PREFIX}{flow} ({kept})")
+            status.update(_progress_line(len(found), len(flows), doing))
+    return found
+
+
+CHECKING, PROBING = "checking", "probing"
+"""What a worker tells of the flow it works on: its availability is asked, or a slow probe of it runs."""
+
+_events: Any = None
+"""In a worker process: the queue on which it tells what it is doing (``_tell``)."""
+
+
+def _tell(events: Any) -> None:
+    global _events
+    _events = events
+
+
+def _flow_availability(flow: str) -> Availability | str:
+    """In a worker process: ``flow``'s availability, or why asking for it failed."""
+    _events.put((CHECKING, flow))
+    cls = ext.flow_backend(flow)
+    with probe_cache.announced(lambda _: _events.put((PROBING, flow))):
+        try:
+            return availability_of(cls.name, cls)
+        except BackendError as e:
+            return str(e)
+
+
+def _progress_line(done: int, total: int, doing: dict[str, str]) -> str:
+    """``list backends: 3/10 ext: flows; probing ext:coreml_static_int8; checking ext:vulkan``"""
+    parts = [f"list backends: {done}/{total} {EXT_PREFIX} flows"]
+    for step in (PROBING, CHECKING):
+        names = [f"{EXT_PREFIX}{flow}" for flow, s in doing.items() if s == step]
+        if names:
+            parts.append(f"{step} {', '.join(names)}")
+    return "; ".join(parts)
+
+
+def all_backends(status: Status = QUIET) -> list[BackendInfo]:
     """The installed backends, their runtimes loaded, then the ext: flows."""
-    return backends(load_runtimes=True) + ext_flows()
+    return backends(load_runtimes=True, status=status) + ext_flows(status)
 
 
 def scenarios() -> list[ScenarioInfo]:

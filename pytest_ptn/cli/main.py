@@ -21,12 +21,20 @@ from typing import Any
 
 from pytest_ptn import DISTRIBUTION, __version__, expectations
 from pytest_ptn.backend import BackendError
-from pytest_ptn.cli import expectations_update, inventory, skeleton
+from pytest_ptn.cli import expectations_update, inventory, progress, skeleton
 from pytest_ptn.reporting import matrix, render, results, stream
 from pytest_ptn.ruleset import SPEC_VERSION
 
+
+def _all_backends() -> list[inventory.BackendInfo]:
+    """What ``list backends`` lists, saying on stderr what it is doing and holding back what upstream prints
+    meanwhile (pytest_ptn.cli.progress): stdout is the table's, or the JSON's, alone."""
+    with progress.held() as status:
+        return inventory.all_backends(status)
+
+
 LISTINGS: dict[str, tuple[Callable[[], list[Any]], Callable[[list[Any]], list[str]]]] = {
-    "backends": (inventory.all_backends, inventory.render_backends),
+    "backends": (_all_backends, inventory.render_backends),
     "scenarios": (inventory.scenarios, inventory.render_scenarios),
     "rules": (inventory.rules, inventory.render_rules),
 }

@@ -247,19 +247,24 @@ def note_usage_error(config: pytest.Config, message: str) -> None:
     (Path(config.workerinput["ptn_run_folder"]) / USAGE_ERROR).write_text(message)  # type: ignore[attr-defined]
 
 
-def one_worker_by_default(config: pytest.Config) -> None:
-    """A conformance run without ``-n`` gets one xdist worker (see plugin.pytest_cmdline_main)."""
-    if hasattr(config, "workerinput") or not config.pluginmanager.hasplugin("xdist"):
+def one_worker_by_default(early_config: pytest.Config) -> None:
+    """A conformance run without ``-n`` gets one xdist worker (see plugin.pytest_load_initial_conftests).
+
+    Decided from the command line as parsed so far (``known_args_namespace``, what plugins read before the
+    full parse) and written there and into ``config.option``, which the full parse keeps as the default of
+    options not given: every plugin then sees the run as distributed, as if ``-n 1`` had been typed. A
+    worker, whose command line is the controller's, decides alike: xdist unsets ``-n`` there afterwards, as
+    it does a typed one."""
+    if not early_config.pluginmanager.hasplugin("xdist"):
         return
-    option = config.option
-    explicit = bool(config.getoption("ptn_backends") or config.getini("ptn_backends"))
-    if not explicit or option.numprocesses is not None or config.getoption("usepdb", False):
+    known = early_config.known_args_namespace
+    explicit = bool(known.ptn_backends or early_config.getini("ptn_backends"))
+    if not explicit or known.numprocesses is not None or known.usepdb or known.collectonly or known.help:
         return
-    if config.getoption("collectonly", False) or config.getoption("help", False):
-        return
-    option.numprocesses = 1
-    if option.maxworkerrestart is None:  # one restart per crashed step; xdist's default stops at 4
-        option.maxworkerrestart = str(CRASH_RESTARTS)
+    for namespace in (known, early_config.option):
+        namespace.numprocesses = 1
+        if namespace.maxworkerrestart is None:  # one restart per crashed step; xdist's default stops at 4
+            namespace.maxworkerrestart = str(CRASH_RESTARTS)
 
 
 def tests_waiting_for_clock(properties: dict[str, list[tuple[str, str]]]) -> set[str]:
