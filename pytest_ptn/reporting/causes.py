@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_ptn.backend import LOWERING_FAULT, RUNTIME_FAULT
+from pytest_ptn.mechanisms import without_names
 from pytest_ptn.reporting.matrix import Finding, findings
 from pytest_ptn.reporting.reasons import headline, strip_noise
 from pytest_ptn.reporting.results import FAIL, XPASS, Result, rule_sort_key
@@ -160,12 +161,6 @@ class Cause:
         }
 
 
-def normalized(message: str) -> str:
-    """An error message with what varies between programs (numbers, quoted names) left out."""
-    message = re.sub(r"'[^']*'|\"[^\"]*\"", "'…'", message)
-    return re.sub(r"\d+", "N", message)
-
-
 def evidence_of(result: Result) -> Evidence:
     """What a failing result's text shows about its cause."""
     text = result.reason
@@ -208,7 +203,7 @@ def evidence_of(result: Result) -> Evidence:
     first = lines[0] if lines else ""
     lowering = _LOWERING.match(first)
     if lowering:
-        error = normalized(lowering["error"])
+        error = without_names(lowering["error"])
         return Evidence(LOWERING, (LOWERING, error), f"lowering fails: {headline(lowering['error'])}")
     if _LEAK in text:
         return Evidence(
@@ -220,13 +215,13 @@ def evidence_of(result: Result) -> Evidence:
         return Evidence(MEMORY, (MEMORY,), headline(text))
     exception = _EXCEPTION.match(first)
     if exception:
-        return Evidence(ERROR, (ERROR, normalized(exception["error"])), headline(exception["error"]))
+        return Evidence(ERROR, (ERROR, without_names(exception["error"])), headline(exception["error"]))
     said = first.removesuffix(":") or "fails"  # the header: a symptom's detail differs from test to test
     deviation = next((m for m in map(_DEVIATION.match, lines[1:]) if m), None)
     if deviation is not None:  # one deviation, seen by several tests (schedules, E1 and E3): one cause
         summary = f"{_SCHEDULE.sub('', said)} at {deviation['where']}"  # the detail is the test's to print
         return Evidence(SYMPTOM, (SYMPTOM, result.scenario or "", deviation["call"]), summary)
-    return Evidence(SYMPTOM, (SYMPTOM, normalized(said)), said)
+    return Evidence(SYMPTOM, (SYMPTOM, without_names(said)), said)
 
 
 def whose(result: Result, evidence: Evidence) -> Evidence:
