@@ -30,8 +30,8 @@ def test_generated_programs_match_eager(
 ) -> None:
     from hypothesis import event, given
 
-    from pytest_ptn import fuzz
-    from pytest_ptn.reporting.fuzz_tally import PROPERTY, FuzzTally
+    from pytest_ptn.fuzzing.tally import PROPERTY, FuzzTally
+    from pytest_ptn.fuzzing.verdict import UnlistedMechanism, judge, program_size, unlisted
     from pytest_ptn.run.state import FAILING_PROGRAM
     from pytest_ptn.scheduling import crashes
     from pytest_ptn.spec import ProgramSpec
@@ -47,25 +47,25 @@ def test_generated_programs_match_eager(
     def check(spec: ProgramSpec) -> None:
         crashes.attach(f"the program, as a test:\n\n{reproducer(spec)}")  # shown if the backend crashes
         crashes.enter(ptn_backend.name, "a generated program", "checking", known=False)  # one step each
-        verdict = fuzz.judge(ptn_backend, spec, tmp_path_factory.mktemp("fuzz"))
+        verdict = judge(ptn_backend, spec, tmp_path_factory.mktemp("fuzz"))
         program = reproducer(spec)
         if program not in drawn:  # hypothesis replays a failing program: one program, counted once
             drawn.add(program)
-            tally.add(verdict.keys, listed, program, fuzz.program_size(spec))
+            tally.add(verdict.keys, listed, program, program_size(spec))
         for key in verdict.keys:
             event(f"ptn mechanism {key}: {'listed' if key in listed else 'UNLISTED'}")
-        unlisted = verdict.unlisted(listed)
-        if unlisted:
-            failed[unlisted[0]] = spec
-            raise fuzz.unlisted(unlisted[0])(f"mechanism {unlisted[0]} is not listed: {verdict.message}")
+        new = verdict.unlisted(listed)
+        if new:
+            failed[new[0]] = spec
+            raise unlisted(new[0])(f"mechanism {new[0]} is not listed: {verdict.message}")
 
     try:
         check()
         return
-    except fuzz.UnlistedMechanism as e:
+    except UnlistedMechanism as e:
         found: list[BaseException] = [e]
     except BaseExceptionGroup as group:  # hypothesis found several unlisted mechanisms
-        unexpected = group.subgroup(lambda e: not isinstance(e, fuzz.UnlistedMechanism))
+        unexpected = group.subgroup(lambda e: not isinstance(e, UnlistedMechanism))
         if unexpected is not None:
             raise
         found = list(group.exceptions)

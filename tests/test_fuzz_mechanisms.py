@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from pytest_ptn import expectations, fuzz
+from pytest_ptn import expectations
 from pytest_ptn.cli.expectations_update import plan
+from pytest_ptn.fuzzing.tally import FuzzTally, merged
+from pytest_ptn.fuzzing.verdict import Verdict, unlisted
 from pytest_ptn.mechanisms import UNEXPLAINED, Kind, Mechanism, MechanismKeyError, check_key, raised
 from pytest_ptn.reporting import results
-from pytest_ptn.reporting.fuzz_tally import FuzzTally, merged
 
 
 def test_a_key_says_kind_and_what_never_a_generated_name() -> None:
@@ -40,9 +41,9 @@ def test_a_key_no_expectation_can_list_is_refused(key: str, said: str) -> None:
 
 def test_each_unlisted_mechanism_fails_with_a_class_of_its_own() -> None:
     """Hypothesis keeps failures apart by their exception type: two mechanisms, two failures, each shrunk."""
-    assert fuzz.unlisted("zero-filled:constant") is fuzz.unlisted("zero-filled:constant")
-    assert fuzz.unlisted("zero-filled:constant") is not fuzz.unlisted("unexplained")
-    verdict = fuzz.Verdict((Mechanism(Kind.ZERO_FILLED, "state"), UNEXPLAINED), "")
+    assert unlisted("zero-filled:constant") is unlisted("zero-filled:constant")
+    assert unlisted("zero-filled:constant") is not unlisted("unexplained")
+    verdict = Verdict((Mechanism(Kind.ZERO_FILLED, "state"), UNEXPLAINED), "")
     assert verdict.keys == ["unexplained", "zero-filled:state"]
     assert verdict.unlisted({"zero-filled:state"}) == ["unexplained"]
 

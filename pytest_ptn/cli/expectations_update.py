@@ -40,10 +40,10 @@ from pytest_ptn.expectations import (
     file_name,
     read,
 )
+from pytest_ptn.fuzzing.tally import merged
 from pytest_ptn.mechanisms import Kind
 from pytest_ptn.reporting import reasons, results
 from pytest_ptn.reporting.collect import NO_BACKEND
-from pytest_ptn.reporting.fuzz_tally import merged
 from pytest_ptn.ruleset import RULES, TIMING_DEPENDENT
 
 Cell = tuple[str, str]

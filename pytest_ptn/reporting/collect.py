@@ -41,9 +41,9 @@ from typing import Any
 
 import pytest
 
+from pytest_ptn.fuzzing.tally import PROPERTY as FUZZ_PROPERTY
+from pytest_ptn.fuzzing.tally import FuzzTally
 from pytest_ptn.reporting import render, results, stream
-from pytest_ptn.reporting.fuzz_tally import PROPERTY as FUZZ_PROPERTY
-from pytest_ptn.reporting.fuzz_tally import FuzzTally
 from pytest_ptn.ruleset import (
     MUST,
     NOT_APPLICABLE_PREFIX,

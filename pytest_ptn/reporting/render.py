@@ -7,10 +7,10 @@ import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from pytest_ptn.fuzzing.tally import FuzzTally, merged
 from pytest_ptn.reporting import cause_views
 from pytest_ptn.reporting.cause_views import fenced
 from pytest_ptn.reporting.causes import cause_of, find_causes
-from pytest_ptn.reporting.fuzz_tally import FuzzTally, merged
 from pytest_ptn.reporting.matrix import (
     Cell,
     CellChange,

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pytest_ptn.reporting.fuzz_tally import FuzzTally
+from pytest_ptn.fuzzing.tally import FuzzTally
 from pytest_ptn.ruleset import LEVELS, RULES
 from pytest_ptn.scheduling.shards import SHARD_FORMAT
 
@@ -75,7 +75,7 @@ class Result:
     """An expectation lists the test as intermittent (pytest_ptn.expectations): it may pass or fail, and
     ``outcome`` (pass or xfail) is what it did this time; reports show it apart."""
     fuzz: FuzzTally | None = None
-    """The fuzz test's tally: programs run, and what each mechanism showed in (reporting.fuzz_tally)."""
+    """The fuzz test's tally: programs run, and what each mechanism showed in (fuzzing.tally)."""
 
 
 @dataclass(frozen=True)
