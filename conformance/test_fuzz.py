@@ -30,14 +30,21 @@ def test_generated_programs_match_eager(
 ) -> None:
     from hypothesis import event, given
 
+    from pytest_ptn.fuzzing.apart import dies_on_some, judge_apart
     from pytest_ptn.fuzzing.tally import PROPERTY, FuzzTally
     from pytest_ptn.fuzzing.verdict import UnlistedMechanism, judge, program_size, unlisted
+    from pytest_ptn.mechanisms import Step
     from pytest_ptn.run.state import FAILING_PROGRAM
     from pytest_ptn.scheduling import crashes
     from pytest_ptn.spec import ProgramSpec
     from pytest_ptn.strategies import program_specs, reproducer
 
     listed = set(ptn_fuzz.listed)
+    apart = dies_on_some(listed)
+
+    def entering(step: Step) -> None:  # the step a crash of the worker names; a child has its own limit
+        crashes.enter(ptn_backend.name, "a generated program", step.value, known=False, limited=not apart)
+
     tally = FuzzTally()
     failed: dict[str, ProgramSpec] = {}
     drawn: set[str] = set()
@@ -46,12 +53,16 @@ def test_generated_programs_match_eager(
     @given(program_specs(stateful=ptn_backend.keeps_no_state() is None))
     def check(spec: ProgramSpec) -> None:
         crashes.attach(f"the program, as a test:\n\n{reproducer(spec)}")  # shown if the backend crashes
-        crashes.enter(ptn_backend.name, "a generated program", "checking", known=False)  # one step each
-        verdict = judge(ptn_backend, spec, tmp_path_factory.mktemp("fuzz"))
+        workdir = tmp_path_factory.mktemp("fuzz")
+        if apart:  # a listed crash or hang costs its program only
+            verdict = judge_apart(ptn_backend, spec, workdir, ptn_fuzz.limit, entering)
+        else:
+            verdict = judge(ptn_backend, spec, workdir, entering)
         program = reproducer(spec)
         if program not in drawn:  # hypothesis replays a failing program: one program, counted once
             drawn.add(program)
             tally.add(verdict.keys, listed, program, program_size(spec))
+            ptn_fuzz.judged(len(drawn))
         for key in verdict.keys:
             event(f"ptn mechanism {key}: {'listed' if key in listed else 'UNLISTED'}")
         new = verdict.unlisted(listed)

@@ -51,6 +51,15 @@ class Role(enum.StrEnum):
     """A parameter, an attribute or a lifted constant."""
 
 
+class Step(enum.StrEnum):
+    """Where in judging a program a mechanism that is no wrong value happened."""
+
+    LOWERING = "lowering"
+    """Lowering the program."""
+    RUNNING = "running"
+    """Loading its methods and calling them, under every load schedule."""
+
+
 LISTABLE_VALUE_KINDS = (Kind.BY_NAME, Kind.PRIVATE_COPY, Kind.ZERO_FILLED, Kind.ONE_MEMORY, Kind.SHARED_ARENA)
 """The kinds that account for wrong values; their key is ``kind:tensor``."""
 
@@ -86,12 +95,12 @@ def isolation_only(m: Mechanism) -> bool:
     return m.kind == Kind.BY_NAME or m.of == Role.STATE
 
 
-def raised(step: str, error: BaseException) -> Mechanism:
+def raised(step: Step, error: BaseException) -> Mechanism:
     """The mechanism of an exception at ``step`` (lowering, running): its type and its message's first line,
     with what varies between programs (numbers, quoted names) left out, are the key."""
     said = str(error).strip().splitlines()[0].strip() if str(error).strip() else ""
     what = f"{type(error).__name__}: {without_names(said)}"[:MESSAGE_IN_KEY] if said else type(error).__name__
-    if step == "lowering":
+    if step == Step.LOWERING:
         return Mechanism(Kind.LOWERING, what, said)
     return Mechanism(Kind.ERROR, f"{step}:{what}", said)
 
@@ -100,11 +109,11 @@ MESSAGE_IN_KEY = 120
 """How much of an exception's message a key keeps: enough to tell errors of one type apart."""
 
 
-def crashed(step: str, how: str) -> Mechanism:
+def crashed(step: Step, how: str) -> Mechanism:
     """A process that died (``how``: ``killed by SIGSEGV``) or hung (``how``: ``hung``) at ``step``."""
     if how == "hung":
         return Mechanism(Kind.HANG, step)
-    signal = re.search(r"SIG[A-Z]+|exit code -?\d+", how)
+    signal = re.search(r"SIG[A-Z0-9]+|status -?\d+", how)
     return Mechanism(Kind.CRASH, f"{step}:{signal[0] if signal else how}", how)
 
 

@@ -28,6 +28,7 @@ from pytest_ptn.backend import (
     resolve_backend,
     runtime_availability,
 )
+from pytest_ptn.fuzzing import progress
 from pytest_ptn.programs import catalogue, zoo
 from pytest_ptn.reporting import collect, repro, runtime_log
 from pytest_ptn.ruleset import (
@@ -139,10 +140,15 @@ def pytest_configure(config: pytest.Config) -> None:
     repro.configure(config)
     shards.configure(config)
     gpus.configure(config)
+    xdist = None
     if config.pluginmanager.hasplugin("xdist"):
-        config.pluginmanager.register(workers.Xdist(state, config), "ptn-xdist")
+        xdist = workers.Xdist(state, config)
+        config.pluginmanager.register(xdist, "ptn-xdist")
         if hasattr(config, "workerinput") and state.explicit:
             config.pluginmanager.register(workers.CrashIsolatedWorker(config), "ptn-crash-worker")
+    if workerinput is None:
+        folder = xdist.run_folder if xdist is not None and workers.is_controller(config) else None
+        config.stash[FUZZ_BOARD] = progress.Board(terminal_line(config), folder)
     for spec in requested:
         try:
             cls = resolve_backend(spec)
@@ -176,6 +182,48 @@ def pytest_configure(config: pytest.Config) -> None:
     from_args = config.args_source == pytest.Config.ArgsSource.ARGS
     if state.explicit and not from_args and suite is not None and str(suite) not in config.args:
         config.args.append(str(suite))
+
+
+FUZZ_BOARD = pytest.StashKey[progress.Board]()
+"""In the process that owns the terminal: how far the run's fuzz shares are (pytest_ptn.fuzzing.progress)."""
+
+
+def terminal_line(config: pytest.Config) -> Callable[[str], None]:
+    """A line on pytest's terminal, from inside a test too (its capture suspended while the line goes)."""
+
+    def say(line: str) -> None:
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        capture = config.pluginmanager.get_plugin("capturemanager")
+        if reporter is None:
+            return
+        if capture is None:
+            reporter.write_line(line)
+            return
+        with capture.global_and_fixture_disabled():
+            reporter.write_line(line)
+
+    return say
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    board = session.config.stash.get(FUZZ_BOARD, None)
+    if board is not None and board.folder is not None:
+        board.watch()
+
+
+def fuzz_progress(
+    config: pytest.Config, backend: str, share: FuzzShare, budget: int
+) -> Callable[[int], None]:
+    """How a fuzz share tells the terminal its count: a file for the controller from an xdist worker, the
+    board itself in an in-process run."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None and "ptn_run_folder" in workerinput:
+        folder = Path(workerinput["ptn_run_folder"])
+        return lambda done: progress.write(folder, progress.Progress(backend, str(share), done, budget))
+    board = config.stash.get(FUZZ_BOARD, None)
+    if board is None:
+        return lambda done: None
+    return lambda done: board.record(progress.Progress(backend, str(share), done, budget))
 
 
 def variants(specs: list[str]) -> list[str]:
@@ -535,13 +583,19 @@ def ptn_fuzz_share(request: pytest.FixtureRequest) -> FuzzShare:
 
 class FuzzRun:
     """The ``ptn_fuzz`` fixture: a decorator giving a ``@given`` test the run's fuzz profile and seed (its
-    share of them), and the mechanisms the backend's expectations list (``listed``)."""
+    share of them), the mechanisms the backend's expectations list (``listed``), ``judged`` to say how
+    many programs it has judged of its ``budget`` (shown on the terminal while a long fuzz runs), and the
+    run's hang ``limit``."""
 
     def __init__(self, profile: Any, run_seed: int, share: FuzzShare, listed: dict[str, Any]):
         self.profile = profile
         self.run_seed = run_seed
         self.share = share
         self.listed = listed
+        self.budget: int = -(-profile.max_examples // share.count)
+        self.judged: Callable[[int], None] = lambda done: None
+        self.limit = 0.0
+        """Seconds a program judged apart may say nothing before it is hung (0: no limit)."""
 
     def __call__(self, test: Callable[..., None]) -> Any:
         from hypothesis import seed, settings
@@ -550,11 +604,10 @@ class FuzzRun:
             # A derandomized profile (ptn-ci) tests the same programs in every run, so an expected failure
             # it finds is found every time; @seed would override that and draw other programs each run.
             return self.profile(test) if self.profile.derandomize else seed(self.run_seed)(self.profile(test))
-        examples = -(-self.profile.max_examples // self.share.count)
         # Each share draws its own programs: by its index under ptn-ci (the same ones in every run with the
         # same number of shares), by the run's seed and its index under ptn-nightly.
         base = 0 if self.profile.derandomize else self.run_seed
-        part = settings(self.profile, max_examples=examples, derandomize=False)
+        part = settings(self.profile, max_examples=self.budget, derandomize=False)
         return seed(base + self.share.index)(part(test))
 
 
@@ -574,7 +627,10 @@ def ptn_fuzz(request: pytest.FixtureRequest, ptn_backend: Backend, ptn_fuzz_shar
     profile = settings.get_profile(request.config.getoption("ptn_fuzz_profile"))
     spec = _callspec_param(request.node, "ptn_backend") or ptn_backend.name
     listed = state.listed_mechanisms(spec) if spec in state.classes else {}
-    return FuzzRun(profile, state.seed, ptn_fuzz_share, listed)
+    run = FuzzRun(profile, state.seed, ptn_fuzz_share, listed)
+    run.judged = fuzz_progress(request.config, spec, ptn_fuzz_share, run.budget)
+    run.limit = hangs.limit(request.config)
+    return run
 
 
 def skip_if_not_applicable(item: pytest.Item, backend: Backend) -> None:
@@ -641,6 +697,9 @@ def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, None, None]:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
+    board = session.config.stash.get(FUZZ_BOARD, None)
+    if board is not None:
+        board.close()
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:
         workeroutput[UPSTREAM_WARNINGS] = upstream_tally(session.config).rows()

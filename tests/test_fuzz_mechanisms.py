@@ -12,15 +12,17 @@ from pytest_ptn import expectations
 from pytest_ptn.cli.expectations_update import plan
 from pytest_ptn.fuzzing.tally import FuzzTally, merged
 from pytest_ptn.fuzzing.verdict import Verdict, unlisted
-from pytest_ptn.mechanisms import UNEXPLAINED, Kind, Mechanism, MechanismKeyError, check_key, raised
+from pytest_ptn.mechanisms import UNEXPLAINED, Kind, Mechanism, MechanismKeyError, Step, check_key, raised
 from pytest_ptn.reporting import results
 
 
 def test_a_key_says_kind_and_what_never_a_generated_name() -> None:
-    a = raised("lowering", ValueError("constant 'w' differs between methods 'prefill' and 'decoder'"))
-    b = raised("lowering", ValueError("constant 'kv' differs between methods 'm6' and 'step'"))
+    a = raised(Step.LOWERING, ValueError("constant 'w' differs between methods 'prefill' and 'decoder'"))
+    b = raised(Step.LOWERING, ValueError("constant 'kv' differs between methods 'm6' and 'step'"))
     assert a.key == b.key == "lowering:ValueError: constant '…' differs between methods '…' and '…'"
-    assert raised("running", RuntimeError("error 0x12\nmore")).key == "error:running:RuntimeError: error NxN"
+    assert (
+        raised(Step.RUNNING, RuntimeError("error 0x12\nmore")).key == "error:running:RuntimeError: error NxN"
+    )
     assert Mechanism(Kind.ZERO_FILLED, "state", "'m6_state'").key == "zero-filled:state"
 
 

@@ -373,7 +373,7 @@ def test_each_fuzz_example_is_a_step(
 
     steps: list[tuple[str, str]] = []
 
-    def enter(backend: str, scenario: str, step: str, known: bool = True) -> None:
+    def enter(backend: str, scenario: str, step: str, known: bool = True, limited: bool = True) -> None:
         steps.append((step, scenario))
 
     monkeypatch.setattr(crashes, "enter", enter)
@@ -381,6 +381,6 @@ def test_each_fuzz_example_is_a_step(
     request: Any = SimpleNamespace(node=SimpleNamespace(user_properties=[]))  # the tally goes there
     run = FuzzRun(examples, 0, FuzzShare(0, 1), {})
     test_fuzz.test_generated_programs_match_eager(request, ReferenceBackend(), run, tmp_path_factory)
-    starts = [i for i, step in enumerate(steps) if step == ("checking", "a generated program")]
+    starts = [i for i, step in enumerate(steps) if step == ("lowering", "a generated program")]
     assert len(starts) == 2 and starts[0] == 0, steps
     assert all(steps[i + 1] == ("lowering", "spec") for i in starts), steps

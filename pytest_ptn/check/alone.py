@@ -181,7 +181,7 @@ class AloneProcess:
             self.child = None
             self._gone = str(e)
             return
-        self._send((_importable(backend), method, str(saved), str(saved.parent)))
+        self._send((class_reference(backend), method, str(saved), str(saved.parent)))
 
     def ready(self) -> None:
         """Wait until the method is lowered and loaded; AloneUnavailable if it was not."""
@@ -228,7 +228,7 @@ BackendClass = type[Backend] | str | tuple[Any, str]
 variant's name)."""
 
 
-def _importable(backend: type[Backend]) -> BackendClass:
+def class_reference(backend: type[Backend]) -> BackendClass:
     """What names ``backend`` in a fresh process: the class itself where pickle finds it by its module and
     name; else, for a class ``Backend.variant`` made, what it was made from; else the name the backend is
     asked for by (an ``ext:`` flow's class is made at run time)."""
@@ -237,15 +237,15 @@ def _importable(backend: type[Backend]) -> BackendClass:
     except (pickle.PicklingError, AttributeError, TypeError):
         if backend.variant_of is not None:
             base, variant = backend.variant_of
-            return (_importable(base), variant)
+            return (class_reference(base), variant)
         return backend.name
     return backend
 
 
-def _found(backend: BackendClass) -> type[Backend]:
-    """The child's side of ``_importable``."""
+def referenced_class(backend: BackendClass) -> type[Backend]:
+    """The child's side of ``class_reference``."""
     if isinstance(backend, tuple):
-        return _found(backend[0]).variant(backend[1])
+        return referenced_class(backend[0]).variant(backend[1])
     return resolve_backend(backend) if isinstance(backend, str) else backend
 
 
@@ -258,7 +258,7 @@ def _serve(requests: IO[bytes], answers: IO[bytes]) -> None:
         answers.flush()
 
     try:
-        cls = _found(backend)
+        cls = referenced_class(backend)
         cls.load_runtime()
         instance = cls()
         program = torch.export.load(saved)

@@ -9,11 +9,12 @@ the other failure).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pytest_ptn.mechanisms import Kind, Mechanism, raised
+from pytest_ptn.mechanisms import Kind, Mechanism, Step, raised
 
 if TYPE_CHECKING:
     from pytest_ptn.backend import Backend
@@ -39,22 +40,27 @@ class Verdict:
         return [k for k in self.keys if k not in listed]
 
 
-def judge(backend: Backend, spec: ProgramSpec, workdir: Path) -> Verdict:
+def judge(
+    backend: Backend, spec: ProgramSpec, workdir: Path, entering: Callable[[Step], None] = lambda step: None
+) -> Verdict:
     """Lower, load and run ``spec`` on ``backend`` under every load schedule, as ``check_spec`` does; an
-    exception at a step is that step's mechanism, a wrong value the mechanisms the checks found for it."""
+    exception at a step is that step's mechanism, a wrong value the mechanisms the checks found for it.
+    ``entering`` is told each step as it starts (where a crash or a hang would be)."""
     from pytest_ptn.harness import Case, spec_mismatches
     from pytest_ptn.spec import Scenario
 
     case = Case(backend, Scenario("spec", "", spec), lambda name: workdir)
+    entering(Step.LOWERING)
     lowered = case.lowered()
     if isinstance(lowered, Exception):
         return Verdict(
-            (raised("lowering", lowered),), f"lowering failed: {type(lowered).__name__}: {lowered}"
+            (raised(Step.LOWERING, lowered),), f"lowering failed: {type(lowered).__name__}: {lowered}"
         )
+    entering(Step.RUNNING)
     try:
         mismatches = spec_mismatches(case)
     except Exception as e:  # the backend raised while loading or running
-        return Verdict((raised("running", e),), f"{type(e).__name__}: {e}")
+        return Verdict((raised(Step.RUNNING, e),), f"{type(e).__name__}: {e}")
     if not mismatches:
         return Verdict((), "")
     lines = [f"  {m}" for m in mismatches[:SHOWN_MISMATCHES]]

@@ -146,6 +146,10 @@ class Child:
                 self.returncode = -signal.SIGKILL
         return self.returncode
 
+    def answer_within(self, seconds: float) -> None:
+        """A read of ``answers`` waiting longer than ``seconds`` raises TimeoutError (0: it waits forever)."""
+        self._channel.settimeout(seconds or None)
+
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGKILL)

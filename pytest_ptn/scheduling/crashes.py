@@ -83,16 +83,19 @@ class WorkerLog:
     def say(self, **words: Any) -> None:
         self.last_words.write_text(json.dumps(words))
 
-    def enter(self, step: Step, known: bool = True) -> None:
+    def enter(self, step: Step, known: bool = True, limited: bool = True) -> None:
         """Note the step; fail it at once if it crashed a worker earlier in this run (for a ``known``
-        scenario: an ad-hoc program's name does not tell two programs apart)."""
+        scenario: an ad-hoc program's name does not tell two programs apart). ``limited``: False where the
+        step runs in a child process that has a limit of its own, and this worker only waits for it."""
         earlier = read_crashed_steps(self.folder).get(_step_key(step)) if known else None
         if earlier is not None:
             verdict, detail = earlier["verdict"], earlier["detail"]
             raise CrashedEarlier(f"{step.describe()} {verdict} earlier in this run, not retried: {detail}")
         self.say(step=step.__dict__, attached=self.attached)
-        if self.watchdog is not None:
+        if self.watchdog is not None and limited:
             self.watchdog.progress()
+        elif self.watchdog is not None:
+            self.watchdog.idle()
 
     def idle(self) -> None:
         """The test is over: no step runs until the next one."""
@@ -150,10 +153,11 @@ def attach(text: str) -> None:
         _worker.attached = text
 
 
-def enter(backend: str, scenario: str, step: str, known: bool = True) -> None:
-    """Called before each backend step of a case (a no-op outside an isolated worker)."""
+def enter(backend: str, scenario: str, step: str, known: bool = True, limited: bool = True) -> None:
+    """Called before each backend step of a case (a no-op outside an isolated worker); ``limited``: False
+    for a step run in a child process with a time limit of its own."""
     if _worker is not None:
-        _worker.enter(Step(backend, scenario, step), known)
+        _worker.enter(Step(backend, scenario, step), known, limited)
 
 
 @contextlib.contextmanager
