@@ -11,9 +11,14 @@ backend=pte  # the quickest real executorch backend; its expectations list known
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
+# Built from a copy of the tree (the files git tracks or would): building writes the egg-info into the
+# source folder, and .ci/run installs the project editable from the same folder while this runs beside it.
+mkdir "$work/src"
+git -C "$repo" ls-files -z --cached --others --exclude-standard | (cd "$repo" && tar --null -T - -cf -) |
+    tar -xf - -C "$work/src"
 python3 -m venv "$work/builder"
 "$work/builder/bin/python" -m pip install --quiet build
-"$work/builder/bin/python" -m build --outdir "$work/dist" "$repo"
+"$work/builder/bin/python" -m build --outdir "$work/dist" "$work/src"
 wheel=$(echo "$work"/dist/*.whl)
 
 python3 -m venv "$work/venv"

@@ -29,7 +29,7 @@ def _known(path: Path, mechanism: str) -> Path:
     ("variant", "mechanism", "options"),
     [
         ("SegfaultsOnThreeMethods", "crash:running:SIGSEGV", []),
-        ("HangsOnFourMethods", "hang:running", ["--ptn-timeout=15"]),
+        ("HangsOnFourMethods", "hang:running", ["--ptn-timeout=10"]),
     ],
 )
 def test_a_listed_crash_or_hang_costs_its_program_only(
@@ -41,10 +41,18 @@ def test_a_listed_crash_or_hang_costs_its_program_only(
 ) -> None:
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
     known = _known(pytester.path, mechanism)
+    # on two workers, a share of the programs each (one fuzz item per worker): a hung program waits out the
+    # limit, and the other worker's share goes on meanwhile
     result = pytester.runpytest_subprocess(
-        f"--ptn-backend=dying_reference:{variant}", "-k", "fuzz", f"--ptn-expectations={known}", *options
+        f"--ptn-backend=dying_reference:{variant}",
+        "-k",
+        "fuzz",
+        f"--ptn-expectations={known}",
+        "-n",
+        "2",
+        *options,
     )
-    result.assert_outcomes(passed=1)
+    result.assert_outcomes(passed=2)
     out = result.stdout.str()
     assert f"{mechanism} x" in out, out  # the tally counts the programs it cost, and the fuzz went on
     assert "clean" in out
