@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The plugin as a user gets it: build the release wheel, install it (not editable) with torch into a clean
-# venv, and run one real backend from an empty folder and from a host project with hostile pytest settings
-# (warnings are errors, DEBUG logging). Known upstream bugs must come out as xfails, read from the
-# expectations the wheel ships, and the host project's settings must not change a single outcome.
+# venv, and run one real backend from a host project with hostile pytest settings (warnings are errors,
+# DEBUG logging). Known upstream bugs must come out as xfails, read from the expectations the wheel ships,
+# and the run must be green: the expectations are strict, so a host setting that turned a pass into a
+# failure, or a known failure into a pass, would fail it. (That a host's settings change no outcome at all,
+# skips included, tests/test_host_isolation.py checks against an empty folder on every run of the tests.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -54,13 +56,6 @@ run_suite() {
     echo "$summary"
 }
 
-mkdir "$work/empty"
-start=$SECONDS
-# on two workers, as the hostile host's run below, which must give the same outcomes (the fuzz test is one
-# item per worker: a run on another number of workers has another count of items)
-plain=$(run_suite "$work/empty" -n 2)
-echo "wheel smoke, empty folder (-n 2): $plain ($((SECONDS - start))s)"
-
 mkdir "$work/host"
 cat >"$work/host/pyproject.toml" <<'EOF'
 [tool.pytest.ini_options]
@@ -69,9 +64,4 @@ log_level = "DEBUG"
 EOF
 start=$SECONDS
 hostile=$(run_suite "$work/host" -W error -n 2)
-echo "wheel smoke, hostile host project: $hostile ($((SECONDS - start))s)"
-
-if [[ $hostile != "$plain" ]]; then
-    echo "wheel smoke: the host project's settings changed the outcomes: '$hostile' vs '$plain'" >&2
-    exit 1
-fi
+echo "wheel smoke, hostile host project (-n 2): $hostile ($((SECONDS - start))s)"

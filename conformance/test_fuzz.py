@@ -33,7 +33,8 @@ def test_generated_programs_match_eager(
     from pytest_ptn.fuzzing.apart import dies_on_some, judge_apart
     from pytest_ptn.fuzzing.tally import PROPERTY, FuzzTally
     from pytest_ptn.fuzzing.verdict import UnlistedMechanism, judge, program_size, unlisted
-    from pytest_ptn.mechanisms import Step
+    from pytest_ptn.mechanisms import PROPERTY as MECHANISMS
+    from pytest_ptn.mechanisms import Mechanism, Step, to_json
     from pytest_ptn.run.state import FAILING_PROGRAM
     from pytest_ptn.scheduling import crashes
     from pytest_ptn.spec import ProgramSpec
@@ -47,6 +48,7 @@ def test_generated_programs_match_eager(
 
     tally = FuzzTally()
     failed: dict[str, ProgramSpec] = {}
+    shown: dict[str, Mechanism] = {}  # each unlisted mechanism as the program that failed on it showed it
     drawn: set[str] = set()
 
     @ptn_fuzz
@@ -68,6 +70,7 @@ def test_generated_programs_match_eager(
         new = verdict.unlisted(listed)
         if new:
             failed[new[0]] = spec
+            shown[new[0]] = next(m for m in verdict.mechanisms if m.key == new[0])
             raise unlisted(new[0])(f"mechanism {new[0]} is not listed: {verdict.message}")
 
     try:
@@ -87,6 +90,7 @@ def test_generated_programs_match_eager(
     backend = dict(request.node.user_properties).get("ptn_backend", ptn_backend.name)
     keys = [getattr(e, "key", "") for e in found]
     request.node.stash[FAILING_PROGRAM] = failed[keys[0]]
+    request.node.user_properties.append((MECHANISMS, to_json(shown[key] for key in keys)))
     parts = [
         f"{e}\n\nthe program, as a test (run with --ptn-backend={backend}):\n\n{reproducer(failed[key])}"
         for key, e in zip(keys, found, strict=True)

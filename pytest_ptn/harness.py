@@ -12,7 +12,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from pytest_ptn.mechanisms import UNEXPLAINED, Kind, Mechanism, Role, isolation_only
+from pytest_ptn.mechanisms import UNEXPLAINED, Kind, Mechanism, Role, Step, isolation_only, raised
 from pytest_ptn.run.state import LoweringCache
 from pytest_ptn.schedule import LoadSchedule
 
@@ -82,6 +82,9 @@ class Case:
         self.scenario = scenario
         self._workdir = workdir
         self._cache = cache if cache is not None else LoweringCache()
+        self.found: list[Mechanism] = []
+        """How what this case's checks found wrong came about (pytest_ptn.mechanisms), in the order found:
+        the test that fails on them carries them to the reports (mechanisms.PROPERTY)."""
 
     @cached_property
     def program(self) -> ProgramUnderTest:
@@ -130,6 +133,7 @@ class Case:
             return
         except crashes.CrashedEarlier as e:
             earlier = str(e)
+            self.found.append(e.mechanism)
         import pytest
 
         pytest.fail(earlier, pytrace=False)
@@ -146,6 +150,7 @@ class Case:
             if self.scenario.valid:  # quote the upstream message, not its traceback
                 import pytest
 
+                self.found.append(raised(Step.LOWERING, result))
                 pytest.fail(f"lowering failed: {type(result).__name__}: {result}", pytrace=False)
             raise result
         return result
@@ -341,6 +346,7 @@ class Case:
             if d.call not in explained and d.call in planned:
                 detail += f"; {'; '.join(m.detail for m in planned[d.call])}"
             mismatches.append(Mismatch(d.call, calls[d.call].method, detail, how))
+        self.found += [m for mismatch in mismatches for m in mismatch.mechanisms]
         return sorted(mismatches, key=lambda m: m.call)
 
     def _planned_together(
@@ -386,7 +392,8 @@ class Case:
             detail, read = self._detail(d, calls)
             details.append(detail)
             if read:
-                how = Mechanism(Kind.BY_NAME, self._role_of_read(calls[d.call].method), detail)
+                method = calls[d.call].method
+                how = Mechanism(Kind.BY_NAME, self._role_of_read(method), f"method {method!r} read {read}")
                 explained[d.call] = (how,)
         wrong = {d.call: calls[d.call].method for d in deviations if d.kind == "output"}
         wrong = {call: method for call, method in wrong.items() if call not in explained}
@@ -538,16 +545,16 @@ class Case:
                     deviations.append(deviation)
         return deviations, mismatches
 
-    def _detail(self, d: Deviation, calls: list[EagerCall]) -> tuple[str, bool]:
+    def _detail(self, d: Deviation, calls: list[EagerCall]) -> tuple[str, str]:
         """What differs, in the words of the value: an output value by value where each reads one name (and
-        whose tensor it equals), an input or buffer as its first values; and whether the value is what
-        another method's same-named tensor gives. Such a value is an isolation defect whatever the method
-        alone gives: a cache that outlives a program (the CUDA delegate's is process-wide, by name) hands
-        the method alone the same wrong tensor."""
+        whose tensor it equals), an input or buffer as its first values; and whose same-named tensor the
+        value is, if another method's ("method 'prefill''s 'w'"; "" if none). Such a value is an isolation
+        defect whatever the method alone gives: a cache that outlives a program (the CUDA delegate's is
+        process-wide, by name) hands the method alone the same wrong tensor."""
         if d.kind == "input":
-            return f"input {d.where} after the call is {_fmt(d.have)}, eager {_fmt(d.want)}", False
+            return f"input {d.where} after the call is {_fmt(d.have)}, eager {_fmt(d.want)}", ""
         if d.kind == "buffer":
-            return f"buffer {d.where!r} is {_fmt(d.have)}, eager {_fmt(d.want)}", False
+            return f"buffer {d.where!r} is {_fmt(d.have)}, eager {_fmt(d.want)}", ""
         from pytest_ptn.instruments.comparison import close
 
         call = calls[d.call]
@@ -563,18 +570,19 @@ class Case:
         if computed_in is not None and reduced is not None:
             detail += f"; {reduced.why}"
         elsewhere = self._read_elsewhere(d.call, d.have, calls)
-        return detail + elsewhere, read or bool(elsewhere)
+        return detail + (f": it read {elsewhere}" if elsewhere else ""), read or elsewhere
 
     def _read_elsewhere(self, call: int, have: torch.Tensor, calls: list[EagerCall]) -> str:
         """For a quantized program: whose same-named quantized constant (``_frozen_param0``) the output is
-        what reading gives ("" when none explains it, or the program is not quantized)."""
+        what reading gives ("method 'prefill''s '_frozen_param0'"; "" when none explains it, or the program
+        is not quantized)."""
         from pytest_ptn.programs.quantized import QuantizedProgram
 
         program = self.program
         if not isinstance(program, QuantizedProgram):
             return ""
         found = program.read_elsewhere(call, have, self.tolerance, calls)
-        return "".join(f": it read method {method!r}'s {key!r}" for method, key in found[:1])
+        return "".join(f"method {method!r}'s {key!r}" for method, key in found[:1])
 
 
 @dataclass
@@ -622,16 +630,17 @@ def _describe(
     ok: torch.Tensor | None,
     owners: dict[str, list[tuple[str, float]]],
     computed_in: torch.dtype | None,
-) -> tuple[str, bool]:
-    """What differs, value by value where each value reads one name, and whether a value is what another
-    method's same-named tensor gives; ``ok`` the elementwise comparison (None when the shapes differ).
+) -> tuple[str, str]:
+    """What differs, value by value where each value reads one name, and the first value that is what
+    another method's same-named tensor gives ("method 'prefill''s 'w'"; "" when none is); ``ok`` the
+    elementwise comparison (None when the shapes differ).
     ``computed_in``: the dtype the backend computed this float32 output in, whose rounding a value read from
     another method's tensor may show."""
     if ok is None:
-        return f"output shape {tuple(have.shape)}, eager {tuple(want.shape)}", False
+        return f"output shape {tuple(have.shape)}, eager {tuple(want.shape)}", ""
     from pytest_ptn.instruments.comparison import allowed, difference
 
-    parts, read = [], False
+    parts, read = [], ""
     bound = allowed(want, computed_in=computed_in).reshape(-1)
     for k, name in enumerate(names[: want.numel()]):
         if not bool(ok.reshape(-1)[k]):
@@ -639,7 +648,7 @@ def _describe(
             slack = float(bound[k])  # the rounding a correct computation of the same value may show
             whose = [m for m, v in owners.get(name, []) if abs(v - h) <= max(slack, 1e-4 * max(1.0, abs(v)))]
             seen = f": it read method {whose[0]!r}'s {name!r}" if whose else ""
-            read = read or bool(whose)
+            read = read or (f"method {whose[0]!r}'s {name!r}" if whose else "")
             parts.append(f"value {k} (reads {name!r}) is {h:.6g}, eager {w:.6g}{seen}")
     if parts:
         return "; ".join(parts), read

@@ -10,8 +10,11 @@ check accounts for is ``UNEXPLAINED``: a finding, never something a list of know
 from __future__ import annotations
 
 import enum
+import json
 import re
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import Any
 
 
 class Kind(enum.StrEnum):
@@ -87,6 +90,35 @@ class Mechanism:
 
 UNEXPLAINED = Mechanism(Kind.UNEXPLAINED)
 
+PROPERTY = "ptn_mechanisms"
+"""The test property (``item.user_properties``) that carries a failed test's mechanisms, as JSON, to the
+reports: the causes group failures by them (pytest_ptn.reporting.causes)."""
+
+
+def to_json(found: Iterable[Mechanism]) -> str:
+    """``found`` as the PROPERTY's value: each mechanism once, in the order found."""
+    return json.dumps([asdict(m) for m in dict.fromkeys(found)])
+
+
+def from_data(data: Any) -> tuple[Mechanism, ...]:
+    """The mechanisms ``to_json`` wrote (parsed); ValueError for anything else."""
+    if not isinstance(data, list | tuple):
+        raise ValueError(f"mechanisms must be a list, not {type(data).__name__}")
+    out = []
+    for item in data:
+        if isinstance(item, Mechanism):
+            out.append(item)
+            continue
+        if not isinstance(item, dict) or set(item) != {"kind", "of", "detail"}:
+            raise ValueError(f"a mechanism is an object of kind, of and detail, not {item!r}")
+        if not all(isinstance(v, str) for v in item.values()):
+            raise ValueError(f"a mechanism's kind, of and detail are text: {item!r}")
+        try:
+            out.append(Mechanism(Kind(item["kind"]), item["of"], item["detail"]))
+        except ValueError:
+            raise ValueError(f"unknown mechanism kind {item['kind']!r}") from None
+    return tuple(out)
+
 
 def isolation_only(m: Mechanism) -> bool:
     """A mechanism only a program of several methods can show (another method's tensor, state shared
@@ -97,24 +129,28 @@ def isolation_only(m: Mechanism) -> bool:
 
 def raised(step: Step, error: BaseException) -> Mechanism:
     """The mechanism of an exception at ``step`` (lowering, running): its type and its message's first line,
-    with what varies between programs (numbers, quoted names) left out, are the key."""
+    with what varies between programs (numbers, quoted names) left out, are the key; the detail is the
+    type and that line as they were."""
     said = str(error).strip().splitlines()[0].strip() if str(error).strip() else ""
-    what = f"{type(error).__name__}: {without_names(said)}"[:MESSAGE_IN_KEY] if said else type(error).__name__
+    kind = type(error).__name__
+    what = f"{kind}: {without_names(said)}"[:MESSAGE_IN_KEY] if said else kind
+    detail = f"{kind}: {said}" if said else kind
     if step == Step.LOWERING:
-        return Mechanism(Kind.LOWERING, what, said)
-    return Mechanism(Kind.ERROR, f"{step}:{what}", said)
+        return Mechanism(Kind.LOWERING, what, detail)
+    return Mechanism(Kind.ERROR, f"{step}:{what}", detail)
 
 
 MESSAGE_IN_KEY = 120
 """How much of an exception's message a key keeps: enough to tell errors of one type apart."""
 
 
-def crashed(step: Step, how: str) -> Mechanism:
-    """A process that died (``how``: ``killed by SIGSEGV``) or hung (``how``: ``hung``) at ``step``."""
+def crashed(step: Step, how: str, detail: str = "") -> Mechanism:
+    """A process that died (``how``: ``killed by SIGSEGV``) or hung (``how``: ``hung``) at ``step``;
+    ``detail``, for people, is ``how`` unless given."""
     if how == "hung":
-        return Mechanism(Kind.HANG, step)
+        return Mechanism(Kind.HANG, step, detail)
     signal = re.search(r"SIG[A-Z0-9]+|status -?\d+", how)
-    return Mechanism(Kind.CRASH, f"{step}:{signal[0] if signal else how}", how)
+    return Mechanism(Kind.CRASH, f"{step}:{signal[0] if signal else how}", detail or how)
 
 
 def without_names(message: str) -> str:

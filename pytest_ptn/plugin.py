@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from _pytest.reports import TestReport
 
-from pytest_ptn import expectations, upstream_noise
+from pytest_ptn import expectations, mechanisms, upstream_noise
 from pytest_ptn.backend import (
     VARIANT_SEPARATOR,
     Backend,
@@ -645,8 +645,14 @@ def skip_if_not_applicable(item: pytest.Item, backend: Backend) -> None:
 def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, TestReport, TestReport]:
-    """A SHOULD rule that fails is reported (as an expected failure naming the rule), not fatal to the run."""
+    """A SHOULD rule that fails is reported (as an expected failure naming the rule), not fatal to the run;
+    a failed test carries its failure's mechanisms to the reports (mechanisms.PROPERTY)."""
     test_report = yield
+    if test_report.when == "call" and call.excinfo is not None:
+        found = failure_mechanisms(item, call.excinfo.value)
+        if found and mechanisms.PROPERTY not in dict(test_report.user_properties):
+            said = (mechanisms.PROPERTY, mechanisms.to_json(found))
+            test_report.user_properties = [*test_report.user_properties, said]
     rules = rules_of(item)
     should_only = bool(rules) and all(RULES[r].level == SHOULD for r in rules)
     stale = is_strict_xpass(test_report.longrepr)
@@ -654,6 +660,22 @@ def pytest_runtest_makereport(
         test_report.outcome = "skipped"
         test_report.wasxfail = should_not_met(rules)
     return test_report
+
+
+def failure_mechanisms(item: pytest.Item, error: BaseException) -> list[mechanisms.Mechanism]:
+    """How a conformance test's failure came about: what its case's checks found (``Case.found``), else,
+    for an exception no check made (a load or a call that raised), that exception's mechanism. An
+    ``assert`` of the test itself is a check's finding without one: the causes read its words."""
+    from pytest_ptn.harness import Case
+
+    if _callspec_param(item, "ptn_backend") is None:
+        return []
+    case = getattr(item, "funcargs", {}).get(repro.CASE_FIXTURE)
+    found = list(case.found) if isinstance(case, Case) else []
+    outcomes = (pytest.fail.Exception, pytest.skip.Exception, pytest.xfail.Exception, AssertionError)
+    if not found and isinstance(error, Exception) and not isinstance(error, outcomes):
+        found = [mechanisms.raised(mechanisms.Step.RUNNING, error)]
+    return found
 
 
 # --- upstream warnings and logs (pytest_ptn.upstream_noise) ----------------------------------------------

@@ -144,16 +144,19 @@ def test_a_crashed_step_fails_later_tests_of_its_case_at_once(tmp_path: Path) ->
     (tmp_path / "gw0.last").write_text(
         json.dumps({"step": {"backend": "b", "scenario": "s", "step": "loading"}, "attached": "program X"})
     )
-    text = crashes.crash_report(
+    text, mechanism = crashes.crash_report(
         tmp_path, "gw0", -signal.SIGSEGV, "t.py::test[b-s]", "pytest t.py", {"vendorlib": "2026.4.1"}
     )
     assert "while loading s on b" in text and "program X" in text and "pytest t.py -n 0" in text
     assert text.splitlines()[1] == "with vendorlib 2026.4.1"  # a crash is often one release's
+    assert mechanism.key == "crash:running:SIGSEGV"  # loading a method is part of running the program
+    assert mechanism.detail == "the worker was killed by SIGSEGV (Segmentation fault) while loading"
     log = crashes.WorkerLog(tmp_path, "gw1")
     with pytest.raises(
         crashes.CrashedEarlier, match=r"killed by SIGSEGV \(Segmentation fault\) in t.py::test"
-    ):
+    ) as earlier:
         log.enter(crashes.Step("b", "s", "loading"))
+    assert earlier.value.mechanism.key == mechanism.key
     log.enter(crashes.Step("b", "s", "lowering"))  # another step of the case still runs
 
 

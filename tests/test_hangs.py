@@ -349,15 +349,17 @@ def test_a_hung_step_fails_later_tests_of_its_case_at_once(tmp_path: Path) -> No
     (tmp_path / "gw0.fault").write_text(
         'Timeout (0:00:30)!\nThread 0x00007f (most recent call first):\n  File "b.py", line 3 in load\n'
     )
-    text = crashes.crash_report(tmp_path, "gw0", 1, "t.py::test[b-s]", "pytest t.py", {}, 30)
+    text, mechanism = crashes.crash_report(tmp_path, "gw0", 1, "t.py::test[b-s]", "pytest t.py", {}, 30)
     assert text.splitlines()[0] == "hung: no progress for 30 s while loading s on b"
+    assert mechanism.key == "hang:running"
     assert "pytest t.py --ptn-timeout=30" in text and 'File "b.py", line 3 in load' in text
     log = crashes.WorkerLog(tmp_path, "gw1")
     with pytest.raises(
         crashes.CrashedEarlier,
         match=r"loading s on b hung earlier in this run, not retried: no progress for 30 s in t.py::test",
-    ):
+    ) as earlier:
         log.enter(crashes.Step("b", "s", "loading"))
+    assert earlier.value.mechanism.key == "hang:running"
 
 
 def test_each_fuzz_example_is_a_step(

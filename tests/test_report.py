@@ -290,6 +290,7 @@ def test_results_json(suite: pytest.Pytester) -> None:
         "schedule",
         "intermittent",
         "fuzz",
+        "mechanisms",
     }
     assert all(set(row) == fields for row in rows.values())
     outcomes = {key: row["outcome"] for key, row in rows.items()}

@@ -1,11 +1,11 @@
 """Failures grouped by cause: one bug that fails forty tests is one line to read first, not forty.
 
-A failing test's text carries evidence of what went wrong, in the words the harness and the checks write:
-a method that read another method's tensor of the same name ("it read method 'prefill''s 'weight'"), two
-keys with other bytes in one allocation, a crash (signal and step), a lowering error, an exception. Tests
-whose evidence names the same defect form one cause. A test with only a symptom (outputs differ, topology
-differs) joins the cause proven in its own (backend, scenario) when exactly one is; otherwise tests with
-the same symptom form a cause of their own.
+A failed test carries the mechanisms its checks found (pytest_ptn.mechanisms: a method that read another
+method's tensor of the same name, state that starts zero-filled, a crash at a step, a lowering error, an
+exception), as data; tests that show the same mechanism form one cause. The storage rules' findings (two
+keys with other bytes in one allocation, identical constants not shared, memory) are told by their own
+words. A test with only a symptom (outputs differ, topology differs) joins the cause proven in its own
+(backend, scenario) when exactly one is; otherwise tests with the same symptom form a cause of their own.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_ptn.backend import LOWERING_FAULT, RUNTIME_FAULT
-from pytest_ptn.mechanisms import without_names
+from pytest_ptn.mechanisms import Kind, Mechanism, without_names
 from pytest_ptn.reporting.matrix import Finding, findings
 from pytest_ptn.reporting.reasons import headline, strip_noise
 from pytest_ptn.reporting.results import FAIL, XPASS, Result, rule_sort_key
@@ -25,63 +25,57 @@ from pytest_ptn.ruleset import STRICT_XPASS_PREFIX
 
 BY_NAME = "constants shared by name"
 PRIVATE_STATE = "state copied per method"
-ZERO_STATE = "state starts zero-filled"
+ZERO_FILLED = "tensor starts zero-filled"
 ONE_MEMORY = "buffers in one memory"
+SHARED_ARENA = "state in another method's memory"
 SHARES_DIFFERING = "different constants share storage"
 NOT_SHARED = "identical constants not shared"
 MEMORY = "memory penalty"
 CROSS_PROGRAM = "data leaks between programs"
 CRASH = "crash"
+HANG = "hang"
 LOWERING = "lowering error"
 ERROR = "error"
 STALE = "stale expectation"
 SYMPTOM = "symptom"
 """The kinds of cause; every kind but SYMPTOM is evidence of a defect, SYMPTOM only shows one."""
 
-_READ_OTHER = re.compile(
-    r"call #\d+ (?P<method>[^\s(]+)\(\).*?it read method '(?P<owner>[^']*)''s '(?P<key>[^']*)'"
-)
-_MECHANISMS = (
-    (
-        re.compile(r"it equals what a private copy of '(?P<key>[^']*)' would give"),
+_CAUSES: dict[Kind, tuple[str, str]] = {
+    Kind.BY_NAME: (
+        BY_NAME,
+        "the loader binds constants by name across methods: {detail}, another tensor of that name",
+    ),
+    Kind.PRIVATE_COPY: (
         PRIVATE_STATE,
         "each method gets a private copy of the state the program shares: a write by one method is not seen "
-        "by the others (e.g. {key!r})",
+        "by the others (e.g. {detail})",
     ),
-    (
-        re.compile(r"it equals what '(?P<key>[^']*)' starting zero-filled would give"),
-        ZERO_STATE,
-        "state starts zero-filled, not from its initial value: the lowering ships no data for it "
-        "(e.g. {key!r})",
+    Kind.ZERO_FILLED: (
+        ZERO_FILLED,
+        "{of} starts zero-filled, not from its initial value: the lowering ships no data for it "
+        "(e.g. {detail})",
     ),
-    (
-        re.compile(
-            r"it equals what buffers '(?P<key>[^']*)' and '(?P<other>[^']*)' in one memory would give"
-        ),
+    Kind.ONE_MEMORY: (
         ONE_MEMORY,
-        "two buffers live in one memory: a write to one changes the other (e.g. {key!r} and {other!r})",
+        "two buffers live in one memory: a write to one changes the other (e.g. {detail})",
     ),
-)
-"""What a faulty-binding replay (pytest_ptn.check.explain) says a wrong value equals: one mechanism each,
-whatever the scenario, dtype or call; a test that shows several is the cause it shows first."""
-_EQUALS_OTHER = re.compile(
-    r"call #\d+ (?P<method>[^\s(]+)\(\).*?it equals what method '(?P<owner>[^']*)''s '(?P<key>[^']*)' "
-    r"would give"
-)
-"""A faulty-binding replay's word for the same defect as ``_READ_OTHER``'s."""
+    Kind.SHARED_ARENA: (
+        SHARED_ARENA,
+        "state lives where another method keeps tensors, as the lowered program's memory plan says: "
+        "what that method leaves there is what the state reads (e.g. {detail})",
+    ),
+    Kind.LOWERING: (LOWERING, "lowering fails: {detail}"),
+    Kind.ERROR: (ERROR, "{detail}"),
+    Kind.CRASH: (CRASH, "{detail}"),
+    Kind.HANG: (HANG, "{detail}"),
+}
+"""Each mechanism kind's cause and its words (``of``: what sort of tensor or which step; ``detail``: the
+first test's own names). A wrong value nothing explains (UNEXPLAINED) is no cause: its test's symptom is."""
+
 _SHARED = re.compile(
     r"method '(?P<method>[^']*)': key '(?P<key>[^']*)' shares storage with method '(?P<owner>[^']*)''s "
     r"'(?P<owner_key>[^']*)', other bytes"
 )
-_CRASH = re.compile(
-    r"crashed: the worker process was (?P<how>.+?)(?: while (?P<step>lowering|loading|running) .*)?$"
-)
-_CRASHED_EARLIER = re.compile(
-    r"(?P<step>lowering|loading|running) .* crashed earlier in this run, not retried: the worker was "
-    r"(?P<how>.+?) in \S+$"
-)
-_LOWERING = re.compile(r"lowering failed: (?P<error>.+)$")
-_EXCEPTION = re.compile(r"^(?P<error>[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit): .+)$")
 _DEVIATION = re.compile(r"^(?:[^:]*: )?(?P<call>(?P<where>call #\d+ \S+\(\)): .+)$")
 """A value of one call that differs, as each copy and schedule of a case words it (after a copy's prefix)."""
 _SCHEDULE = re.compile(r"\s*\((?:every method loaded|methods loaded at their first call)[^()]*\)$")
@@ -162,22 +156,14 @@ class Cause:
 
 
 def evidence_of(result: Result) -> Evidence:
-    """What a failing result's text shows about its cause."""
+    """What a failing result shows about its cause: the first mechanism it carries that accounts for
+    something, else what its text says (a storage rule's finding, a symptom)."""
     text = result.reason
     if result.outcome == XPASS or text.startswith(STRICT_XPASS_PREFIX):
         return Evidence(STALE, (STALE,), "known failures now pass: remove their stale expectation entries")
-    read = _READ_OTHER.search(text) or _EQUALS_OTHER.search(text)
-    if read:
-        return Evidence(
-            BY_NAME,
-            (BY_NAME,),
-            f"the loader binds constants by name across methods: method {read['method']!r} read method "
-            f"{read['owner']!r}'s {read['key']!r}, another tensor of that name",
-        )
-    mechanisms = [(m, kind, said) for pattern, kind, said in _MECHANISMS if (m := pattern.search(text))]
-    if mechanisms:
-        m, kind, said = min(mechanisms, key=lambda found: found[0].start())
-        return Evidence(kind, (kind,), said.format(**m.groupdict()))
+    shown = next((m for m in result.mechanisms if m.kind in _CAUSES), None)
+    if shown is not None:
+        return _of_mechanism(shown)
     shared = _SHARED.search(text)
     if shared and shared["key"] == shared["owner_key"]:
         return Evidence(
@@ -195,16 +181,7 @@ def evidence_of(result: Result) -> Evidence:
             f"{shared['owner_key']!r}",
         )
     lines = [strip_noise(line.strip()) for line in text.splitlines() if line.strip()]
-    for line in lines:
-        crash = _CRASH.match(line) or _CRASHED_EARLIER.match(line)
-        if crash:
-            step = crash["step"] or "an unknown step"
-            return Evidence(CRASH, (CRASH, crash["how"], step), f"the worker was {crash['how']} while {step}")
     first = lines[0] if lines else ""
-    lowering = _LOWERING.match(first)
-    if lowering:
-        error = without_names(lowering["error"])
-        return Evidence(LOWERING, (LOWERING, error), f"lowering fails: {headline(lowering['error'])}")
     if _LEAK in text:
         return Evidence(
             CROSS_PROGRAM, (CROSS_PROGRAM,), "a second program in the process reads the first's data"
@@ -213,15 +190,20 @@ def evidence_of(result: Result) -> Evidence:
         return Evidence(NOT_SHARED, (NOT_SHARED,), "identical constants of several methods are not shared")
     if _MEMORY in text:
         return Evidence(MEMORY, (MEMORY,), headline(text))
-    exception = _EXCEPTION.match(first)
-    if exception:
-        return Evidence(ERROR, (ERROR, without_names(exception["error"])), headline(exception["error"]))
     said = first.removesuffix(":") or "fails"  # the header: a symptom's detail differs from test to test
     deviation = next((m for m in map(_DEVIATION.match, lines[1:]) if m), None)
     if deviation is not None:  # one deviation, seen by several tests (schedules, E1 and E3): one cause
         summary = f"{_SCHEDULE.sub('', said)} at {deviation['where']}"  # the detail is the test's to print
         return Evidence(SYMPTOM, (SYMPTOM, result.scenario or "", deviation["call"]), summary)
     return Evidence(SYMPTOM, (SYMPTOM, without_names(said)), said)
+
+
+def _of_mechanism(m: Mechanism) -> Evidence:
+    """A mechanism's cause: one per key (a by-name read of any sort of tensor is the loader's one defect,
+    as the storage rules' by-name finding is), in its words."""
+    kind, words = _CAUSES[m.kind]
+    key = (BY_NAME,) if m.kind == Kind.BY_NAME else (kind, m.key)
+    return Evidence(kind, key, headline(words.format(of=m.of, detail=m.detail or m.key)))
 
 
 def whose(result: Result, evidence: Evidence) -> Evidence:

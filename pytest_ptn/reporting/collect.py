@@ -41,6 +41,7 @@ from typing import Any
 
 import pytest
 
+from pytest_ptn import mechanisms
 from pytest_ptn.fuzzing.tally import PROPERTY as FUZZ_PROPERTY
 from pytest_ptn.fuzzing.tally import FuzzTally
 from pytest_ptn.reporting import render, results, stream
@@ -380,6 +381,9 @@ def _rows(record: _Record, backends: set[str]) -> list[results.Result]:
             intermittent=props.get(INTERMITTENT_PROPERTY) == "1"
             and record.outcome in results.INTERMITTENT_OUTCOMES,
             fuzz=FuzzTally.from_data(json.loads(props[FUZZ_PROPERTY])) if FUZZ_PROPERTY in props else None,
+            mechanisms=mechanisms.from_data(json.loads(props[mechanisms.PROPERTY]))
+            if mechanisms.PROPERTY in props
+            else (),
         )
         for rule in rules
     ]

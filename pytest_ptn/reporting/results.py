@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_ptn.fuzzing.tally import FuzzTally
+from pytest_ptn.mechanisms import Mechanism, from_data
 from pytest_ptn.ruleset import LEVELS, RULES
 from pytest_ptn.scheduling.shards import SHARD_FORMAT
 
@@ -76,6 +77,9 @@ class Result:
     ``outcome`` (pass or xfail) is what it did this time; reports show it apart."""
     fuzz: FuzzTally | None = None
     """The fuzz test's tally: programs run, and what each mechanism showed in (fuzzing.tally)."""
+    mechanisms: tuple[Mechanism, ...] = ()
+    """How a failed test's failure came about, as its checks found it (pytest_ptn.mechanisms): what the
+    causes group it by. None found (a rule's own finding, a symptom): the causes read its text."""
 
 
 @dataclass(frozen=True)
@@ -203,8 +207,9 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "schedule": (str, type(None)),
     "intermittent": (bool,),
     "fuzz": (dict, type(None)),
+    "mechanisms": (list, tuple),  # a tuple before JSON (to_dict), a list after
 }
-OPTIONAL_FIELDS = {"schedule": None, "intermittent": False, "fuzz": None}
+OPTIONAL_FIELDS: dict[str, Any] = {"schedule": None, "intermittent": False, "fuzz": None, "mechanisms": []}
 """Fields a row written before they existed may lack, with the value that means."""
 
 
@@ -236,6 +241,10 @@ def _result(index: int, row: Any) -> Result:
             row["fuzz"] = FuzzTally.from_data(row["fuzz"])
         except ValueError as e:
             raise ResultsFormatError(f"{where}: fuzz: {e}") from None
+    try:
+        row["mechanisms"] = from_data(row["mechanisms"])
+    except ValueError as e:
+        raise ResultsFormatError(f"{where}: mechanisms: {e}") from None
     return Result(**row)
 
 

@@ -22,8 +22,9 @@ import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
+from pytest_ptn import mechanisms
 from pytest_ptn.scheduling import hangs
 
 FATAL_ERRORS = {
@@ -46,7 +47,12 @@ PROPERTIES = "properties.json"
 
 
 class CrashedEarlier(Exception):
-    """A step of this case killed a worker earlier in the run (a crash or a hang); the message names it."""
+    """A step of this case killed a worker earlier in the run (a crash or a hang); the message names it,
+    ``mechanism`` is that crash's or hang's."""
+
+    def __init__(self, message: str, mechanism: mechanisms.Mechanism):
+        super().__init__(message)
+        self.mechanism = mechanism
 
 
 @dataclass
@@ -64,6 +70,11 @@ class Step:
             if self.scenario
             else f"{self.step} of {self.backend}"
         )
+
+    @property
+    def stage(self) -> mechanisms.Step:
+        """The step a mechanism names: lowering, or running (loading a method is part of running)."""
+        return mechanisms.Step.LOWERING if self.step == mechanisms.Step.LOWERING else mechanisms.Step.RUNNING
 
     @property
     def backend_call(self) -> bool:
@@ -90,7 +101,9 @@ class WorkerLog:
         earlier = read_crashed_steps(self.folder).get(_step_key(step)) if known else None
         if earlier is not None:
             verdict, detail = earlier["verdict"], earlier["detail"]
-            raise CrashedEarlier(f"{step.describe()} {verdict} earlier in this run, not retried: {detail}")
+            said = f"{step.describe()} {verdict} earlier in this run, not retried: {detail}"
+            how = "hung" if verdict == "hung" else detail
+            raise CrashedEarlier(said, mechanisms.crashed(step.stage, how, f"{verdict} while {step.step}"))
         self.say(step=step.__dict__, attached=self.attached)
         if self.watchdog is not None and limited:
             self.watchdog.progress()
@@ -262,6 +275,13 @@ def worker_returncode(worker: Any) -> int | None:
         return None
 
 
+class Death(NamedTuple):
+    """How a worker's test failed when the worker died or hung: the failure's text, and its mechanism."""
+
+    text: str
+    mechanism: mechanisms.Mechanism
+
+
 def crash_report(
     folder: Path,
     worker_id: str,
@@ -270,9 +290,9 @@ def crash_report(
     repro: str | None,
     versions: dict[str, str],
     limit: float = 0.0,
-) -> str:
-    """The failure text of a test whose worker died or hung (no progress for ``limit`` seconds: the
-    watchdog's dump is in its fault file), with the versions its backend reported (a crash is often one
+) -> Death:
+    """The failure of a test whose worker died or hung (no progress for ``limit`` seconds: the watchdog's
+    dump is in its fault file), its text with the versions its backend reported (a crash is often one
     release's); records the step for later tests of its case."""
     fault = _read(folder / f"{worker_id}.fault")
     hung = hangs.is_timeout_dump(fault)
@@ -283,9 +303,11 @@ def crash_report(
         said = {}
     step = said.get("step") if isinstance(said, dict) else None
     where = ""
+    stage, verb = mechanisms.Step.RUNNING, "running"
     if isinstance(step, dict):
         current = Step(**step)
         where = f" while {current.describe()}"
+        stage, verb = current.stage, current.step
         crashed = read_crashed_steps(folder)
         first = {"verdict": "hung", "detail": f"{how} in {nodeid}"}
         if not hung:
@@ -307,7 +329,9 @@ def crash_report(
     if dump:
         lines.append(f"faulthandler{', every thread' if hung else ''} (most recent call first):")
         lines += [f"  {line}" for line in dump]
-    return "\n".join(lines)
+    said_how = f"hung ({how})" if hung else f"the worker was {how}"
+    mechanism = mechanisms.crashed(stage, "hung" if hung else how, f"{said_how} while {verb}")
+    return Death("\n".join(lines), mechanism)
 
 
 def _read(path: Path) -> str:

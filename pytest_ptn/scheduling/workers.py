@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from pytest_ptn import mechanisms
 from pytest_ptn.ruleset import WAITS_FOR_CLOCK
 from pytest_ptn.run.state import RunState
 from pytest_ptn.scheduling import crashes, hangs
@@ -162,7 +163,7 @@ class Xdist:
             None,
             {},
             hangs.limit(self.config),
-        )
+        ).text
         pytest.exit(
             f"--ptn-backend={step.backend} cannot run: its worker {text}",
             returncode=pytest.ExitCode.USAGE_ERROR,
@@ -182,9 +183,8 @@ class Xdist:
         availability = self.state.availability.get(spec)
         worker = getattr(report, "node", None)
         worker_id = getattr(getattr(worker, "gateway", None), "id", "?")
-        report.user_properties = list(properties)
         report.when = "call"
-        text = crashes.crash_report(
+        death = crashes.crash_report(
             self.run_folder,
             worker_id,
             crashes.worker_returncode(worker),
@@ -193,14 +193,15 @@ class Xdist:
             availability.versions if availability is not None else {},
             hangs.limit(self.config),
         )
-        report.longrepr = text
+        report.user_properties = [*properties, (mechanisms.PROPERTY, mechanisms.to_json([death.mechanism]))]
+        report.longrepr = death.text
         rules = [value for key, value in properties if key == "ptn_rule"]
         scenario, schedule = found.get("ptn_scenario"), found.get("ptn_schedule")
         expected = self.state.expected(spec, rules, scenario, schedule) if availability is not None else []
         if expected and not self.config.option.runxfail:
             listed = next((e for e in expected if e.intermittent), expected[0])  # as plugin.mark_expected
             report.outcome = "skipped"
-            report.wasxfail = f"{listed.describe()}\n{text}"
+            report.wasxfail = f"{listed.describe()}\n{death.text}"
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         if not hasattr(config, "workerinput") and "run_folder" in self.__dict__:  # the controller made it
