@@ -647,8 +647,9 @@ def _describe(
             w, h = float(want.reshape(-1)[k]), float(have.reshape(-1)[k])
             slack = float(bound[k])  # the rounding a correct computation of the same value may show
             whose = [m for m, v in owners.get(name, []) if abs(v - h) <= max(slack, 1e-4 * max(1.0, abs(v)))]
-            seen = f": it read method {whose[0]!r}'s {name!r}" if whose else ""
-            read = read or (f"method {whose[0]!r}'s {name!r}" if whose else "")
+            owner = f"method {whose[0]!r}'s {name!r}" if whose else ""
+            seen = f": it read {owner}" if owner else ""
+            read = read or owner
             parts.append(f"value {k} (reads {name!r}) is {h:.6g}, eager {w:.6g}{seen}")
     if parts:
         return "; ".join(parts), read

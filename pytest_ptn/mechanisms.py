@@ -106,9 +106,6 @@ def from_data(data: Any) -> tuple[Mechanism, ...]:
         raise ValueError(f"mechanisms must be a list, not {type(data).__name__}")
     out = []
     for item in data:
-        if isinstance(item, Mechanism):
-            out.append(item)
-            continue
         if not isinstance(item, dict) or set(item) != {"kind", "of", "detail"}:
             raise ValueError(f"a mechanism is an object of kind, of and detail, not {item!r}")
         if not all(isinstance(v, str) for v in item.values()):
