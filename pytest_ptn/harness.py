@@ -324,6 +324,7 @@ class Case:
 
         deviations, mismatches = self._deviations(calls, ran)
         if not deviations:
+            self.found += [m for mismatch in mismatches for m in mismatch.mechanisms]
             return mismatches
         details, explained = self._explained(deviations, calls, ran)
         forced = {call for call, how in explained.items() if any(isolation_only(m) for m in how)}
@@ -521,7 +522,13 @@ class Case:
         for i, (call, got) in enumerate(zip(calls, ran, strict=True)):
             if len(got.outputs) != len(call.outputs):
                 detail = f"{len(got.outputs)} outputs, eager gives {len(call.outputs)}"
-                mismatches.append(Mismatch(i, call.method, detail))
+                returned = _writes_returned(got.outputs[: len(got.outputs) - len(call.outputs)], call)
+                if returned:
+                    detail += f": the first {'are' if len(returned) > 1 else 'is'} {', '.join(returned)}"
+                    how = Mechanism(Kind.WRITE_RETURNED, Role.STATE, f"{call.method}() returns {returned[0]}")
+                    mismatches.append(Mismatch(i, call.method, detail, (how,)))
+                else:
+                    mismatches.append(Mismatch(i, call.method, detail))
                 continue
             outputs = zip(call.outputs, got.outputs, call.output_bounds(), strict=True)
             wide_after = call.wide.inputs_after if call.wide is not None else (None,) * len(call.inputs_after)
@@ -685,6 +692,32 @@ def fail_with(findings: list[str]) -> None:
         import pytest
 
         pytest.fail("\n".join(findings), pytrace=False)
+
+
+def _writes_returned(extra: list[torch.Tensor], call: EagerCall) -> list[str]:
+    """The words for each of ``extra`` (the outputs a backend returned beyond eager's, which a lowering puts
+    first, where buffer mutations go) if each holds a state's value after the call, as eager has it
+    ("what 'step_state' holds after the call"); else none."""
+    import torch
+
+    from pytest_ptn.check.findings import Difference
+
+    said = []
+    for value in extra:
+        key = next(
+            (
+                k
+                for k, want in call.state_after.items()
+                if isinstance(value, torch.Tensor)
+                and value.shape == want.shape
+                and Difference.between(value, want) is None
+            ),
+            None,
+        )
+        if key is None:
+            return []
+        said.append(f"what {key!r} holds after the call")
+    return said
 
 
 def check_spec(backend: Backend, spec: ProgramSpec, workdir: Path) -> list[Mismatch]:

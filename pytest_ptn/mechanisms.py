@@ -28,6 +28,9 @@ class Kind(enum.StrEnum):
     """A tensor starts zero-filled, not from its initial value (no data shipped for it)."""
     ONE_MEMORY = "one-memory"
     """Two buffers live in one memory: a write to one changes the other."""
+    WRITE_RETURNED = "write-returned"
+    """A method's write to state comes back as an extra output and never reaches the state (a lowering
+    dropped the buffer its method writes without reading)."""
     SHARED_ARENA = "shared-arena"
     """A buffer's planned memory is also used by another method's tensors (the lowered program's memory
     plan says so): what that method leaves there is what the buffer reads."""

@@ -12,7 +12,7 @@ import json
 import random
 import time
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -217,6 +217,23 @@ class StateCopiedPerMethod(_WithLoader):
     name = "broken-e3"
 
     loaded = _StatePerMethodLoaded
+
+
+class _WritesReturnedLoaded(ReferenceLoaded):
+    def run(self, method: str, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        before = {k: t.clone() for k, t in self.state().items()}
+        outputs = super().run(method, inputs)
+        written = [t.clone() for k, t in self.state().items() if not torch.equal(t, before[k])]
+        return [*written, *outputs]
+
+
+class WritesReturned(_WithLoader):
+    """E1: each state write also comes back as an extra first output (to_native, a buffer written with
+    copy_ and never read: its mutation output becomes a user output)."""
+
+    name = "broken-writes-returned"
+
+    loaded = _WritesReturnedLoaded
 
 
 class _ArenaLoaded(ReferenceLoaded):

@@ -134,9 +134,9 @@ def _faults(
     methods: set[str],
 ) -> Iterator[_Fault]:
     """Every faulty binding of the program: another method's same-named constant, a private copy of shared
-    state, two same-shape buffers in one memory, state that starts zero-filled (its initial value lost, as a
-    non-persistent buffer's is when a lowering ships no data for it), and so does a constant whose name
-    several methods hold (lost where lowering merged them)."""
+    state, two same-shape buffers in one memory, state or a buffer no method writes that starts zero-filled
+    (its initial value lost, as a non-persistent buffer's is when a lowering ships no data for it), and so
+    does a constant whose name several methods hold (lost where lowering merged them)."""
 
     def role(key: str) -> Role:
         return Role.STATE if key in mutable else Role.BUFFER if key in buffers else Role.CONSTANT
@@ -177,8 +177,10 @@ def _faults(
                 partial(_bind_one_memory, key, other),
             )
     held = [key for c in constants.values() for key in c if key not in mutable]
-    colliding = sorted(key for key in set(held) if held.count(key) > 1)
-    for key in [*states, *colliding]:  # a constant only where its name collides: lowering merged them
+    colliding = sorted(key for key in set(held) if held.count(key) > 1 and key not in buffers)
+    # every buffer (a non-persistent one ships no data where a lowering treats it as state); a constant only
+    # where its name collides: lowering merged them
+    for key in [*states, *sorted(buffers - mutable), *colliding]:
         yield _Fault(
             Mechanism(Kind.ZERO_FILLED, role(key), repr(key)),
             f"{key!r} starting zero-filled",

@@ -28,6 +28,7 @@ PRIVATE_STATE = "state copied per method"
 ZERO_FILLED = "tensor starts zero-filled"
 ONE_MEMORY = "buffers in one memory"
 SHARED_ARENA = "state in another method's memory"
+WRITE_RETURNED = "state write returned as an output"
 SHARES_DIFFERING = "different constants share storage"
 NOT_SHARED = "identical constants not shared"
 MEMORY = "memory penalty"
@@ -63,6 +64,11 @@ _CAUSES: dict[Kind, tuple[str, str]] = {
         SHARED_ARENA,
         "state lives where another method keeps tensors, as the lowered program's memory plan says: "
         "what that method leaves there is what the state reads (e.g. {detail})",
+    ),
+    Kind.WRITE_RETURNED: (
+        WRITE_RETURNED,
+        "a write to state comes back as an extra output and never reaches the state: the lowering dropped "
+        "a buffer its method writes without reading (e.g. {detail})",
     ),
     Kind.LOWERING: (LOWERING, "lowering fails: {detail}"),
     Kind.ERROR: (ERROR, "{detail}"),
