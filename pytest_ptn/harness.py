@@ -328,8 +328,10 @@ class Case:
             return mismatches
         details, explained = self._explained(deviations, calls, ran)
         forced = {call for call, how in explained.items() if any(isolation_only(m) for m in how)}
-        unexplained = [d for d in deviations if d.call not in forced]
         planned = self._planned_together(calls, [d for d in deviations if d.call not in explained])
+        apart = self._other_than_on_its_own(calls, [d for d in deviations if d.call in planned])
+        forced |= apart.keys()
+        unexplained = [d for d in deviations if d.call not in forced]
         alone, unavailable = self._alone(calls) if unexplained else (None, None)
         suspect = suspects(alone, [(c.method, c.outputs) for c in calls]) if alone is not None else {}
         for d, detail in zip(deviations, details, strict=True):
@@ -346,9 +348,43 @@ class Case:
             how = explained.get(d.call) or planned.get(d.call) or (UNEXPLAINED,)
             if d.call not in explained and d.call in planned:
                 detail += f"; {'; '.join(m.detail for m in planned[d.call])}"
+            if d.call not in explained and d.call in apart and (own := d.of(apart[d.call])) is not None:
+                detail += f"; with no other method's calls, this program's {d.what} is {_fmt(own)}"
             mismatches.append(Mismatch(d.call, calls[d.call].method, detail, how))
         self.found += [m for mismatch in mismatches for m in mismatch.mechanisms]
         return sorted(mismatches, key=lambda m: m.call)
+
+    def _other_than_on_its_own(
+        self, calls: list[EagerCall], deviations: list[Deviation]
+    ) -> dict[int, CallAlone]:
+        """The calls of ``deviations`` (the memory plan's suspects) whose every wrong value this same lowered
+        program gives otherwise when only that method's calls run (no other method loaded), where the method
+        reads no state another method writes (so eager's value owes them nothing): the other methods made
+        the value what it is, an isolation defect whatever the method lowered alone gives, which then need
+        not be lowered (seconds a program). What the method's own calls gave, by call."""
+        from pytest_ptn.check.alone import CallAlone
+
+        calls_of = {d.call for d in deviations}
+        if not calls_of:
+            return {}
+        exports = self.program.export()
+        written = {m: set(ep.graph_signature.buffers_to_mutate.values()) for m, ep in exports.items()}
+        out: dict[int, CallAlone] = {}
+        for call in sorted(calls_of):
+            method = calls[call].method
+            reads = set(exports[method].graph_signature.inputs_to_buffers.values())
+            if any(reads & keys for other, keys in written.items() if other != method):
+                continue
+            own = [c for c in calls[: call + 1] if c.method == method]
+            wrong = [d for d in deviations if d.call == call]
+            try:
+                last = self.run_calls(self.load(), own, state=any(d.kind == "buffer" for d in wrong))[-1]
+            except Exception:  # the method does not run on its own here: no evidence either way
+                continue
+            seen = CallAlone(last.outputs, last.inputs_after, last.state or {})
+            if all((value := d.of(seen)) is not None and not self._same(d, value) for d in wrong):
+                out[call] = seen
+        return out
 
     def _planned_together(
         self, calls: list[EagerCall], deviations: list[Deviation]

@@ -21,7 +21,7 @@ from pytest_ptn.backends import pte
 from pytest_ptn.harness import Case
 from pytest_ptn.instruments.isolation import ChildCrashed, RemoteTraceback, run_isolated
 from pytest_ptn.programs.catalogue import BY_NAME
-from pytest_ptn.spec import Constant, Method, ProgramSpec, Scenario
+from pytest_ptn.spec import Constant, Method, ProgramSpec, Scenario, Write
 
 QUIET = ("-p", "no:cacheprovider")
 VARIANTS = (pte.PteBackend, pte.XnnpackBackend, pte.ExternalConstantsBackend, pte.SharedStateBackend)
@@ -144,6 +144,54 @@ def test_external_constants_keep_each_methods_weight_under_one_fqn(tmp_path: Pat
     )
     case = _case(pte.ExternalConstantsBackend(), Scenario("f3", "same FQN, other bytes", spec), tmp_path)
     assert [str(m) for m in case.run_sequence(case.load())] == []
+
+
+@pytest.mark.usefixtures("executorch")
+def test_state_another_methods_memory_changes_is_shown_by_the_same_program_without_lowering_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pte plans encoder's private state where m6 keeps tensors (``shared-arena:state``): running encoder's
+    own calls on the same lowered program gives its value otherwise, evidence enough that m6 made it wrong, so
+    no method is lowered alone (seconds a program under the nightly fuzz)."""
+    from pytest_ptn.check.alone import MethodsAlone
+    from pytest_ptn.fuzzing.verdict import judge
+
+    def lowered_alone(*args: object) -> None:
+        raise AssertionError("a method was lowered alone")
+
+    monkeypatch.setattr(MethodsAlone, "run", lowered_alone)
+
+    def state(name: str, seed: int) -> Constant:
+        return Constant(name, "buffer", dtype="float32", shape=(4,), seed=seed)
+
+    spec = ProgramSpec(  # drawn by program_specs() under hypothesis seed 7, as the nightly draws
+        methods=(
+            Method(
+                "m6",
+                (
+                    Constant("_tensor_constant1", "attribute", dtype="float32", shape=(16,), seed=0),
+                    Constant("_scale_0", "buffer", dtype="float16", shape=(4, 4), seed=0),
+                    state("m6_state", 0),
+                ),
+                reads=("_tensor_constant1", "_scale_0", "m6_state"),
+                writes=(Write("m6_state", "copy"),),
+            ),
+            Method(
+                "encoder",
+                (
+                    Constant("_frozen_param0", "parameter", dtype="float16", shape=(2, 4), seed=0),
+                    Constant("_tensor_constant0", "scalar", dtype="float32", shape=(), seed=2, values=(2.0,)),
+                    state("encoder_state", 2),
+                ),
+                reads=("_frozen_param0", "_tensor_constant0", "encoder_state"),
+                writes=(Write("encoder_state", "add"),),
+            ),
+        ),
+        calls=("m6", "encoder"),
+    )
+    verdict = judge(pte.PteBackend(), spec, tmp_path)
+    assert verdict.keys == ["shared-arena:state"], verdict.message
+    assert "with no other method's calls, this program's output 0 is" in verdict.message, verdict.message
 
 
 NO_RUNTIME = """
