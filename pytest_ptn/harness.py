@@ -331,6 +331,8 @@ class Case:
         planned = self._planned_together(calls, [d for d in deviations if d.call not in explained])
         apart = self._other_than_on_its_own(calls, [d for d in deviations if d.call in planned])
         forced |= apart.keys()
+        stored = self._stored_otherwise(calls, [d for d in deviations if d.call not in explained | planned])
+        forced |= stored.keys()
         unexplained = [d for d in deviations if d.call not in forced]
         alone, unavailable = self._alone(calls) if unexplained else (None, None)
         suspect = suspects(alone, [(c.method, c.outputs) for c in calls]) if alone is not None else {}
@@ -345,9 +347,9 @@ class Case:
                 detail += f"; alone, the method gives {_fmt(truth)}"
             if unavailable is not None and d.call not in forced:
                 detail += f" (judged against eager: {unavailable})"
-            how = explained.get(d.call) or planned.get(d.call) or (UNEXPLAINED,)
-            if d.call not in explained and d.call in planned:
-                detail += f"; {'; '.join(m.detail for m in planned[d.call])}"
+            how = explained.get(d.call) or planned.get(d.call) or stored.get(d.call) or (UNEXPLAINED,)
+            if d.call not in explained and (evidence := planned.get(d.call) or stored.get(d.call)):
+                detail += f"; {'; '.join(m.detail for m in evidence)}"
             if d.call not in explained and d.call in apart and (own := d.of(apart[d.call])) is not None:
                 detail += f"; with no other method's calls, this program's {d.what} is {_fmt(own)}"
             mismatches.append(Mismatch(d.call, calls[d.call].method, detail, how))
@@ -386,6 +388,53 @@ class Case:
                 out[call] = seen
         return out
 
+    def _stored_otherwise(
+        self, calls: list[EagerCall], deviations: list[Deviation]
+    ) -> dict[int, tuple[Mechanism, ...]]:
+        """For each call of ``deviations`` nothing else explains: the tensors of its method the lowered
+        package binds, by name, to a stored tensor of another dtype or shape than the method's own (a scalar
+        lowering lifted as ``_lifted_tensor_constant0``, the name of a method's own buffer), as the package
+        itself says (``Lowered.package``). No replay can bind them: the method's graph refuses a tensor of
+        another dtype. One of the same dtype and shape but other bytes is another method's, which the
+        replays already bind."""
+        from pytest_ptn.backend import Capability
+        from pytest_ptn.programs.exported import constants_of
+
+        lowered = self.lowered()
+        if (
+            not deviations
+            or Capability.PACKAGE not in self.backend.capabilities
+            or isinstance(lowered, Exception)
+        ):
+            return {}
+        view = lowered.package()
+        exports = self.program.export()
+        out: dict[int, tuple[Mechanism, ...]] = {}
+        for d in deviations:
+            method = calls[d.call].method
+            own, may_read = constants_of(exports[method]), self._may_read(method, d)
+            buffers = set(exports[method].graph_signature.buffers)
+            found = []
+            for key, final in sorted(view.bindings.get(method, {}).items()):
+                entry, use = view.entries.get(view.aliases.get(final, final)), own.get(key)
+                if entry is None or use is None or use.mutable or not may_read(key):
+                    continue
+                if (entry.dtype, entry.shape) != (
+                    str(use.tensor.dtype).removeprefix("torch."),
+                    use.tensor.shape,
+                ):
+                    found.append(
+                        Mechanism(
+                            Kind.BY_NAME,
+                            Role.BUFFER if key in buffers else Role.CONSTANT,
+                            f"the package binds {key!r} of {method}() to {final!r}, a {entry.dtype} "
+                            f"tensor of shape {entry.shape} lowering stored under that name",
+                        )
+                    )
+            if found:
+                out[d.call] = tuple(found)
+        return out
+
     def _planned_together(
         self, calls: list[EagerCall], deviations: list[Deviation]
     ) -> dict[int, tuple[Mechanism, ...]]:
@@ -400,7 +449,7 @@ class Case:
         for d in deviations:
             method = calls[d.call].method
             before = {c.method for c in calls[: d.call]} - {method}
-            reads = self._reads_state(method, d)
+            reads = self._may_read(method, d)
             found = tuple(
                 Mechanism(
                     Kind.SHARED_ARENA,
@@ -440,8 +489,8 @@ class Case:
                 details[i] += f"; it equals {replays[d.call].label}"
         return details, explained | {call: replay.mechanisms for call, replay in replays.items()}
 
-    def _reads_state(self, method: str, d: Deviation) -> Callable[[str], bool]:
-        """Whether deviation ``d`` of ``method`` can be a value of state ``key``: the buffer itself, or an
+    def _may_read(self, method: str, d: Deviation) -> Callable[[str], bool]:
+        """Whether deviation ``d`` of ``method`` can be a value of tensor ``key``: the buffer itself, or an
         output of a method the catalogue spec says reads it (any value of a user program's method)."""
         spec = self.catalogue_spec
         if d.kind == "buffer":

@@ -161,3 +161,32 @@ def test_the_fuzz_finds_a_new_bug_behind_pte_s_known_ones(
     assert said in out and "fuzz on broken_pte:" in out
     if variant == "ZeroesCollidingConstants":
         assert "UNLISTED zero-filled:" in out
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # to_native reads its schema with read_text
+def test_a_buffer_the_package_binds_to_a_tensor_lowering_minted_is_by_name(tmp_path: Path) -> None:
+    """native's package holds the scalar forward() lifts as '_lifted_tensor_constant0', the name of decoder's
+    own non-persistent buffer, and binds decoder's buffer to it: no replay can bind a float scalar where the
+    graph wants int32, so the package itself is the evidence (``Case._stored_otherwise``)."""
+    pytest.importorskip("executorch")
+    from pytest_ptn.backends.native.backend import NativeBackend
+    from pytest_ptn.fuzzing.verdict import judge
+    from pytest_ptn.spec import Constant, Method, ProgramSpec
+
+    lifted = Constant(
+        "_lifted_tensor_constant0", "buffer", dtype="int32", shape=(4,), seed=3, persistent=False
+    )
+    spec = ProgramSpec(
+        methods=(
+            Method(
+                "forward", (Constant("bias", "scalar", shape=(), seed=3, values=(0.125,)),), reads=("bias",)
+            ),
+            Method("decoder", (lifted,), reads=("_lifted_tensor_constant0",)),
+        ),
+        calls=("forward", "decoder"),
+    )
+    verdict = judge(NativeBackend(), spec, tmp_path)
+    assert verdict.keys == ["by-name:buffer"], verdict.message
+    assert "binds '_lifted_tensor_constant0' of decoder() to '_lifted_tensor_constant0', a float32" in (
+        verdict.message
+    )
