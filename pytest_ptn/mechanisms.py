@@ -127,13 +127,13 @@ def isolation_only(m: Mechanism) -> bool:
     return m.kind == Kind.BY_NAME or m.of == Role.STATE
 
 
-def raised(step: Step, error: BaseException) -> Mechanism:
+def raised(step: Step, error: BaseException, names: Iterable[str] = ()) -> Mechanism:
     """The mechanism of an exception at ``step`` (lowering, running): its type and its message's first line,
-    with what varies between programs (numbers, quoted names) left out, are the key; the detail is the
-    type and that line as they were."""
+    with what varies between programs (numbers, quoted names, the program's own ``names`` of its methods)
+    left out, are the key; the detail is the type and that line as they were."""
     said = str(error).strip().splitlines()[0].strip() if str(error).strip() else ""
     kind = type(error).__name__
-    what = f"{kind}: {without_names(said)}"[:MESSAGE_IN_KEY] if said else kind
+    what = f"{kind}: {without_names(said, names)}"[:MESSAGE_IN_KEY] if said else kind
     detail = f"{kind}: {said}" if said else kind
     if step == Step.LOWERING:
         return Mechanism(Kind.LOWERING, what, detail)
@@ -153,9 +153,12 @@ def crashed(step: Step, how: str, detail: str = "") -> Mechanism:
     return Mechanism(Kind.CRASH, f"{step}:{signal[0] if signal else how}", detail or how)
 
 
-def without_names(message: str) -> str:
-    """``message`` with what varies between programs (numbers, quoted names) left out."""
+def without_names(message: str, names: Iterable[str] = ()) -> str:
+    """``message`` with what varies between programs (numbers, quoted names, ``names`` where they stand
+    as words: executorch's ``Failed to load method prefill``) left out."""
     message = re.sub(r"'[^']*'|\"[^\"]*\"", "'…'", message)
+    if bare := sorted(set(names), key=len, reverse=True):
+        message = re.sub(rf"\b(?:{'|'.join(map(re.escape, bare))})\b", "…", message)
     return re.sub(r"\d+", "N", message)
 
 

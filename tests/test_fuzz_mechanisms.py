@@ -24,6 +24,10 @@ def test_a_key_says_kind_and_what_never_a_generated_name() -> None:
         raised(Step.RUNNING, RuntimeError("error 0x12\nmore")).key == "error:running:RuntimeError: error NxN"
     )
     assert Mechanism(Kind.ZERO_FILLED, "state", "'m6_state'").key == "zero-filled:state"
+    load = [RuntimeError(f"Failed to load method {m}, error: 0x20") for m in ("prefill", "m7")]
+    assert {raised(Step.RUNNING, e, ["m7", "prefill", "step"]).key for e in load} == {
+        "error:running:RuntimeError: Failed to load method …, error: NxN"
+    }
 
 
 @pytest.mark.parametrize(

@@ -194,6 +194,51 @@ def test_state_another_methods_memory_changes_is_shown_by_the_same_program_witho
     assert "with no other method's calls, this program's output 0 is" in verdict.message, verdict.message
 
 
+@pytest.mark.usefixtures("executorch")
+def test_private_states_of_two_sizes_in_one_memory_are_one_memory(tmp_path: Path) -> None:
+    """pte-shared-state (share_mutable_buffers) loads forward's (4,) state holding the first four values of
+    encoder's (2, 4) one: the replay of two buffers in one memory puts the smaller at the start of the
+    larger, and that gives forward's first value (drawn by program_specs() under hypothesis seed 7)."""
+    from pytest_ptn.fuzzing.verdict import judge
+
+    spec = ProgramSpec(
+        methods=(
+            Method(
+                "encoder",
+                (
+                    Constant("_frozen_param1", "buffer", dtype="int32", shape=(4,), seed=0, persistent=False),
+                    Constant("bias", "parameter", dtype="float32", shape=(4,), seed=3),
+                    Constant("encoder_state", "buffer", dtype="float32", shape=(2, 4), seed=0),
+                ),
+                reads=("_frozen_param1", "bias", "encoder_state"),
+                writes=(Write("encoder_state", "index_copy"),),
+            ),
+            Method(
+                "prefill",
+                (
+                    Constant("bias", "scalar", dtype="float32", shape=(), seed=0, values=(0.125,)),
+                    Constant("w", "attribute", dtype="int64", shape=(4, 4), seed=3),
+                ),
+                reads=("bias", "w"),
+            ),
+            Method(
+                "forward",
+                (
+                    Constant("k_cache", "parameter", dtype="float16", shape=(2, 4), seed=1),
+                    Constant("_scale_1", "scalar", dtype="float32", shape=(), seed=3, values=(2.0,)),
+                    Constant("forward_state", "buffer", dtype="float32", shape=(4,), seed=3),
+                ),
+                reads=("k_cache", "_scale_1", "forward_state"),
+                writes=(Write("forward_state", "add"),),
+            ),
+        ),
+        calls=("forward", "encoder", "prefill"),
+    )
+    verdict = judge(pte.SharedStateBackend(), spec, tmp_path)
+    assert verdict.keys == ["one-memory:state"], verdict.message
+    assert "buffers 'encoder_state' and 'forward_state' in one memory" in verdict.message
+
+
 NO_RUNTIME = """
 import importlib.abc
 import sys

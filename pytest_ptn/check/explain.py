@@ -134,9 +134,10 @@ def _faults(
     methods: set[str],
 ) -> Iterator[_Fault]:
     """Every faulty binding of the program: another method's same-named constant, a private copy of shared
-    state, two same-shape buffers in one memory, state or a buffer no method writes that starts zero-filled
-    (its initial value lost, as a non-persistent buffer's is when a lowering ships no data for it), and so
-    does a constant whose name several methods hold (lost where lowering merged them)."""
+    state, two buffers in one memory (the smaller at the start of the larger), state or a buffer no method
+    writes that starts zero-filled (its initial value lost, as a non-persistent buffer's is when a lowering
+    ships no data for it), and so does a constant whose name several methods hold (lost where lowering
+    merged them)."""
 
     def role(key: str) -> Role:
         return Role.STATE if key in mutable else Role.BUFFER if key in buffers else Role.CONSTANT
@@ -202,12 +203,17 @@ def _bind_private(method: str, key: str, modules: Modules) -> bool:
 
 
 def _bind_one_memory(key: str, other: str, modules: Modules) -> bool:
+    """The smaller of the two buffers becomes the first elements of the larger (both planned at one offset),
+    starting from the larger's values: its initial data, written over the smaller's."""
     a, b = find_tensor(modules, key), find_tensor(modules, other)
-    if a is None or b is None or a.shape != b.shape or a.dtype != b.dtype:
+    if a is None or b is None or a.dtype != b.dtype or not (a.is_contiguous() and b.is_contiguous()):
         return False
+    if a.numel() < b.numel():
+        a, b, other = b, a, key
+    inner = a if a.shape == b.shape else a.view(-1)[: b.numel()].view(b.shape)
     for module in modules.values():
         if find_tensor({"": module}, other) is not None:
-            set_tensor(module, other, a)
+            set_tensor(module, other, inner)
     return True
 
 

@@ -50,17 +50,18 @@ def judge(
     from pytest_ptn.spec import Scenario
 
     case = Case(backend, Scenario("spec", "", spec), lambda name: workdir)
+    names = [m.name for m in spec.methods]  # a generated name never goes into a key
     entering(Step.LOWERING)
     lowered = case.lowered()
     if isinstance(lowered, Exception):
         return Verdict(
-            (raised(Step.LOWERING, lowered),), f"lowering failed: {type(lowered).__name__}: {lowered}"
+            (raised(Step.LOWERING, lowered, names),), f"lowering failed: {type(lowered).__name__}: {lowered}"
         )
     entering(Step.RUNNING)
     try:
         mismatches = spec_mismatches(case)
     except Exception as e:  # the backend raised while loading or running
-        return Verdict((raised(Step.RUNNING, e),), f"{type(e).__name__}: {e}")
+        return Verdict((raised(Step.RUNNING, e, names),), f"{type(e).__name__}: {e}")
     if not mismatches:
         return Verdict((), "")
     lines = [f"  {m}" for m in mismatches[:SHOWN_MISMATCHES]]
