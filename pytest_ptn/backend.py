@@ -118,6 +118,11 @@ class Entry:
     nbytes: int
     """The bytes it takes in the package: P4 sums them."""
 
+    @classmethod
+    def of(cls, t: torch.Tensor) -> Entry:
+        """``t`` as a package stores it whole: its dtype's torch name, its shape, its bytes."""
+        return cls(str(t.dtype).removeprefix("torch."), tuple(t.shape), t.numel() * t.element_size())
+
 
 @dataclass(frozen=True)
 class Reference:

@@ -331,7 +331,8 @@ class Case:
         planned = self._planned_together(calls, [d for d in deviations if d.call not in explained])
         apart = self._other_than_on_its_own(calls, [d for d in deviations if d.call in planned])
         forced |= apart.keys()
-        stored = self._stored_otherwise(calls, [d for d in deviations if d.call not in explained | planned])
+        accounted = explained.keys() | planned.keys()
+        stored = self._stored_otherwise(calls, [d for d in deviations if d.call not in accounted])
         forced |= stored.keys()
         unexplained = [d for d in deviations if d.call not in forced]
         alone, unavailable = self._alone(calls) if unexplained else (None, None)
@@ -397,7 +398,7 @@ class Case:
         itself says (``Lowered.package``). No replay can bind them: the method's graph refuses a tensor of
         another dtype. One of the same dtype and shape but other bytes is another method's, which the
         replays already bind."""
-        from pytest_ptn.backend import Capability
+        from pytest_ptn.backend import Capability, Entry
         from pytest_ptn.programs.exported import constants_of
 
         lowered = self.lowered()
@@ -409,24 +410,23 @@ class Case:
             return {}
         view = lowered.package()
         exports = self.program.export()
+        methods = {calls[d.call].method for d in deviations}
+        own = {m: constants_of(exports[m]) for m in methods}
+        buffers = {m: set(exports[m].graph_signature.buffers) for m in methods}
         out: dict[int, tuple[Mechanism, ...]] = {}
         for d in deviations:
             method = calls[d.call].method
-            own, may_read = constants_of(exports[method]), self._may_read(method, d)
-            buffers = set(exports[method].graph_signature.buffers)
+            may_read = self._may_read(method, d)
             found = []
             for key, final in sorted(view.bindings.get(method, {}).items()):
-                entry, use = view.entries.get(view.aliases.get(final, final)), own.get(key)
+                entry, use = view.entries.get(view.aliases.get(final, final)), own[method].get(key)
                 if entry is None or use is None or use.mutable or not may_read(key):
                     continue
-                if (entry.dtype, entry.shape) != (
-                    str(use.tensor.dtype).removeprefix("torch."),
-                    use.tensor.shape,
-                ):
+                if (entry.dtype, entry.shape) != ((mine := Entry.of(use.tensor)).dtype, mine.shape):
                     found.append(
                         Mechanism(
                             Kind.BY_NAME,
-                            Role.BUFFER if key in buffers else Role.CONSTANT,
+                            Role.BUFFER if key in buffers[method] else Role.CONSTANT,
                             f"the package binds {key!r} of {method}() to {final!r}, a {entry.dtype} "
                             f"tensor of shape {entry.shape} lowering stored under that name",
                         )

@@ -239,10 +239,7 @@ def view(package: Package) -> PackageView:
         for item in sig["outputs"]:
             if item["kind"] == "state":
                 references.append(Reference(method, "mutation target", item["final"]))
-    entries = {
-        name: Entry(str(t.dtype).removeprefix("torch."), tuple(t.shape), t.numel() * t.element_size())
-        for name, t in package.tensors.items()
-    }
+    entries = {name: Entry.of(t) for name, t in package.tensors.items()}
     return PackageView(
         bindings, references, entries, dict(package.aliases), set(package.state_keys), package.tensor
     )

@@ -83,10 +83,7 @@ def package_view(package: PtnPackage, placeholders: dict[str, dict[str, str]]) -
                 references += [
                     Reference(method.name, "graph quantization key", k) for k in _quant_keys(value.meta)
                 ]
-    entries = {
-        key: Entry(str(t.dtype).removeprefix("torch."), tuple(t.shape), t.numel() * t.element_size())
-        for key, t in package.tensors.items()
-    }
+    entries = {key: Entry.of(t) for key, t in package.tensors.items()}
     return PackageView(bindings, references, entries, dict(package.aliases), state, package.tensor)
 
 
