@@ -393,11 +393,12 @@ class Case:
         self, calls: list[EagerCall], deviations: list[Deviation]
     ) -> dict[int, tuple[Mechanism, ...]]:
         """For each call of ``deviations`` nothing else explains: the tensors of its method the lowered
-        package binds, by name, to a stored tensor of another dtype or shape than the method's own (a scalar
-        lowering lifted as ``_lifted_tensor_constant0``, the name of a method's own buffer), as the package
-        itself says (``Lowered.package``). No replay can bind them: the method's graph refuses a tensor of
-        another dtype. One of the same dtype and shape but other bytes is another method's, which the
-        replays already bind."""
+        package binds, by name, to a stored tensor of another dtype or shape than the method's own that
+        another method binds too (a scalar lowering lifted as ``_lifted_tensor_constant0``, the name of a
+        method's own buffer), as the package itself says (``Lowered.package``); one no other method binds is
+        that method's own layout, not another's tensor. No replay can bind them: the method's graph refuses
+        a tensor of another dtype. One of the same dtype and shape but other bytes is another method's,
+        which the replays already bind."""
         from pytest_ptn.backend import Capability, Entry
         from pytest_ptn.programs.exported import constants_of
 
@@ -422,13 +423,18 @@ class Case:
                 entry, use = view.entries.get(view.aliases.get(final, final)), own[method].get(key)
                 if entry is None or use is None or use.mutable or not may_read(key):
                     continue
-                if (entry.dtype, entry.shape) != ((mine := Entry.of(use.tensor)).dtype, mine.shape):
+                bound = sorted(m for m, keys in view.bindings.items() if final in keys.values())
+                others = [f"{m}()" for m in bound if m != method]
+                if others and (entry.dtype, entry.shape) != (
+                    (mine := Entry.of(use.tensor)).dtype,
+                    mine.shape,
+                ):
                     found.append(
                         Mechanism(
                             Kind.BY_NAME,
                             Role.BUFFER if key in buffers[method] else Role.CONSTANT,
                             f"the package binds {key!r} of {method}() to {final!r}, a {entry.dtype} "
-                            f"tensor of shape {entry.shape} lowering stored under that name",
+                            f"tensor of shape {entry.shape} also bound by {', '.join(others)}",
                         )
                     )
             if found:
