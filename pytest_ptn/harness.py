@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     from pytest_ptn.backend import Backend, EagerCall, Loaded, Lowered
     from pytest_ptn.check.alone import CallAlone, MethodsAlone
-    from pytest_ptn.check.explain import Replay
+    from pytest_ptn.check.explain import Replay, Replays
     from pytest_ptn.instruments.comparison import Tolerance
     from pytest_ptn.programs.user import UserScenario
     from pytest_ptn.spec import ProgramSpec, Scenario
@@ -85,6 +85,8 @@ class Case:
         self.found: list[Mechanism] = []
         """How what this case's checks found wrong came about (pytest_ptn.mechanisms), in the order found:
         the test that fails on them carries them to the reports (mechanisms.PROPERTY)."""
+        self.raised_at: int | None = None
+        """The call of the sequence the backend raised at, after ``run_calls`` raised."""
 
     @cached_property
     def program(self) -> ProgramUnderTest:
@@ -256,7 +258,8 @@ class Case:
         each call, where ``state``)."""
         loads = schedule.loads(self.program.method_names, [c.method for c in calls])
         ran = []
-        for call, to_load in zip(calls, loads, strict=True):
+        for i, (call, to_load) in enumerate(zip(calls, loads, strict=True)):
+            self.raised_at = i  # until it runs: where an error of the backend's raised
             for method in to_load:
                 self._enter(f"loading {method}()")
                 loaded.load_method(method)
@@ -265,6 +268,7 @@ class Case:
             outputs = [t.clone() for t in loaded.run(call.method, given)]  # a runtime may reuse its memory
             shown = {k: t.clone() for k, t in loaded.state().items()} if state else None
             ran.append(Ran(outputs, given, shown))
+        self.raised_at = None
         return ran
 
     def run_sequence(
@@ -515,20 +519,27 @@ class Case:
         return Role.CONSTANT
 
     def _bindings(self, calls: list[EagerCall], ran: list[Ran], wrong: dict[int, str]) -> dict[int, Replay]:
-        """What a faulty binding gives for each call of ``wrong`` it accounts for (check.explain); nothing
-        for a quantized program, whose own ``_read_elsewhere`` says whose constant it read."""
+        """What a faulty binding gives for each call of ``wrong`` it accounts for (check.explain)."""
+        from pytest_ptn.check.explain import explanations
+
+        return explanations(self.replays(calls), [r.outputs for r in ran], wrong)
+
+    def replays(self, calls: list[EagerCall] | None = None) -> Replays:
+        """The faulty-binding replays of ``calls`` (by default the case's sequence), made once for every test
+        of the case that runs them (check.explain.faulty_replays); none for a quantized program, whose own
+        ``_read_elsewhere`` says whose constant it read."""
         from pytest_ptn.check.alone import identity
-        from pytest_ptn.check.explain import explanations, faulty_replays
+        from pytest_ptn.check.explain import faulty_replays
         from pytest_ptn.programs.quantized import QuantizedProgram
 
         if isinstance(self.program, QuantizedProgram):
-            return {}
-        sequence = [(c.method, c.inputs) for c in calls]
+            return []
+        sequence = [(c.method, c.inputs) for c in (calls if calls is not None else self.eager())]
         key = (self.scenario.name, *((m, *map(identity, args)) for m, args in sequence))
         replays = self._cache.replays
-        if key not in replays:  # the same for every test of the case that runs this sequence
+        if key not in replays:
             replays[key] = faulty_replays(self.program.export(), set(self.program.state_fqns()), sequence)
-        return explanations(replays[key], [r.outputs for r in ran], wrong)
+        return replays[key]
 
     def accuracy(self) -> list[Mismatch]:
         """A1: where the program's results differ from eager's, how each method alone differs from eager

@@ -31,6 +31,10 @@ class Kind(enum.StrEnum):
     WRITE_RETURNED = "write-returned"
     """A method's write to state comes back as an extra output and never reaches the state (a lowering
     dropped the buffer its method writes without reading)."""
+    LOOKALIKE = "lookalike"
+    """A method read another tensor that looks like its own but is not, whatever its name: the same bytes
+    under another dtype or shape, or equal but for a few elements (a dedupe or a cache keyed on less than
+    the full content: bytes without their dtype, a digest of a prefix, closeness)."""
     SHARED_ARENA = "shared-arena"
     """A buffer's planned memory is also used by another method's tensors (the lowered program's memory
     plan says so): what that method leaves there is what the buffer reads."""
@@ -66,8 +70,17 @@ class Step(enum.StrEnum):
     """Loading its methods and calling them, under every load schedule."""
 
 
-LISTABLE_VALUE_KINDS = (Kind.BY_NAME, Kind.PRIVATE_COPY, Kind.ZERO_FILLED, Kind.ONE_MEMORY, Kind.SHARED_ARENA)
-"""The kinds that account for wrong values; their key is ``kind:tensor``."""
+LISTABLE_VALUE_KINDS = (
+    Kind.BY_NAME,
+    Kind.LOOKALIKE,
+    Kind.PRIVATE_COPY,
+    Kind.ZERO_FILLED,
+    Kind.ONE_MEMORY,
+    Kind.WRITE_RETURNED,
+    Kind.SHARED_ARENA,
+)
+"""The kinds that account for wrong values (and for errors a faulty binding reproduces); their key is
+``kind:tensor``."""
 
 
 @dataclass(frozen=True)
@@ -150,16 +163,30 @@ def crashed(step: Step, how: str, detail: str = "") -> Mechanism:
     if how == "hung":
         return Mechanism(Kind.HANG, step, detail)
     signal = re.search(r"SIG[A-Z0-9]+|status -?\d+", how)
-    return Mechanism(Kind.CRASH, f"{step}:{signal[0] if signal else how}", detail or how)
+    return Mechanism(Kind.CRASH, f"{step}:{without_names(signal[0] if signal else how)}", detail or how)
 
 
 def without_names(message: str, names: Iterable[str] = ()) -> str:
-    """``message`` with what varies between programs (numbers, quoted names, ``names`` where they stand
-    as words: executorch's ``Failed to load method prefill``) left out."""
+    """``message`` with what varies between programs left out: quoted names, ``names`` where they stand as
+    words (executorch's ``Failed to load method prefill``), dtypes (``Expected: Int, Got: Half`` and
+    ``Expected: Float, Got: long int`` are one message), numbers and the shapes they make."""
     message = re.sub(r"'[^']*'|\"[^\"]*\"", "'…'", message)
     if bare := sorted(set(names), key=len, reverse=True):
         message = re.sub(rf"\b(?:{'|'.join(map(re.escape, bare))})\b", "…", message)
-    return re.sub(r"\d+", "N", message)
+    message = _DTYPE.sub("<dtype>", message)
+    message = re.sub(r"\d+", "N", message)
+    return re.sub(r"[\[(]N(?:, ?N)*,?[\])]", "[…]", message)
+
+
+_DTYPE = re.compile(
+    r"\b(?:torch\.|c10::|at::|ScalarType::)?(?:"
+    r"(?:(?:unsigned|signed) )?(?:long long|long|short) int|(?:unsigned|signed) char|long long"
+    r"|u?int(?:8|16|32|64)|float(?:8_\w+|16|32|64)|bfloat16|complex(?:32|64|128)"
+    r"|Byte|Char|Short|Int|Long|Half|Float|Double|BFloat16|Bool|ComplexHalf|ComplexFloat|ComplexDouble"
+    r"|int|long|short|float|double|bool|half"
+    r")\b"
+)
+"""A dtype as torch, c10 and executorch name one in a message."""
 
 
 class MechanismKeyError(ValueError):
@@ -185,4 +212,9 @@ def check_key(key: str) -> str:
         raise MechanismKeyError(f"unknown mechanism {key!r} (one of {tensors})")
     if kind not in LISTABLE_VALUE_KINDS and not of:
         raise MechanismKeyError(f"mechanism {key!r} names no step or exception type")
+    if kind not in LISTABLE_VALUE_KINDS and without_names(of) != of:
+        raise MechanismKeyError(
+            f"mechanism {key!r} holds what varies between programs (a number, a name, a dtype or a shape): "
+            f"its key is {kind.value}:{without_names(of)}"
+        )
     return key

@@ -29,6 +29,7 @@ from pytest_ptn.backend import (
     runtime_availability,
 )
 from pytest_ptn.fuzzing import progress
+from pytest_ptn.fuzzing.sequence import owned
 from pytest_ptn.programs import catalogue, zoo
 from pytest_ptn.reporting import collect, repro, runtime_log
 from pytest_ptn.ruleset import (
@@ -592,7 +593,11 @@ class FuzzRun:
         self.run_seed = run_seed
         self.share = share
         self.listed = listed
-        self.budget: int = -(-profile.max_examples // share.count)
+        self.budget: int = (
+            len(owned(share.index, share.count, profile.max_examples))
+            if profile.derandomize
+            else -(-profile.max_examples // share.count)
+        )
         self.judged: Callable[[int], None] = lambda done: None
         self.limit = 0.0
         """Seconds a program judged apart may say nothing before it is hung (0: no limit)."""
@@ -600,15 +605,19 @@ class FuzzRun:
     def __call__(self, test: Callable[..., None]) -> Any:
         from hypothesis import seed, settings
 
+        if self.profile.derandomize:
+            # ptn-ci: one fixed sequence of programs, the same in every run however it is split, each share
+            # judging its part (pytest_ptn.fuzzing.sequence).
+            from pytest_ptn.fuzzing.sequence import judged_in_turn
+
+            programs = owned(self.share.index, self.share.count, self.profile.max_examples)
+            return judged_in_turn(self.profile(test), programs)
         if self.share.count == 1:
-            # A derandomized profile (ptn-ci) tests the same programs in every run, so an expected failure
-            # it finds is found every time; @seed would override that and draw other programs each run.
-            return self.profile(test) if self.profile.derandomize else seed(self.run_seed)(self.profile(test))
-        # Each share draws its own programs: by its index under ptn-ci (the same ones in every run with the
-        # same number of shares), by the run's seed and its index under ptn-nightly.
-        base = 0 if self.profile.derandomize else self.run_seed
-        part = settings(self.profile, max_examples=self.budget, derandomize=False)
-        return seed(base + self.share.index)(part(test))
+            return seed(self.run_seed)(self.profile(test))
+        # ptn-nightly: each share draws its own programs, by the run's seed and its index (the same ones in
+        # every run with that seed and split).
+        part = settings(self.profile, max_examples=self.budget)
+        return seed(self.run_seed + self.share.index)(part(test))
 
 
 @pytest.fixture
@@ -664,8 +673,9 @@ def pytest_runtest_makereport(
 
 def failure_mechanisms(item: pytest.Item, error: BaseException) -> list[mechanisms.Mechanism]:
     """How a conformance test's failure came about: what its case's checks found (``Case.found``), else,
-    for an exception no check made (a load or a call that raised), that exception's mechanism. An
-    ``assert`` of the test itself is a check's finding without one: the causes read its words."""
+    for an exception no check made (a load or a call that raised), the faulty binding that makes the
+    program raise the same (pytest_ptn.check.explain), or that exception's own mechanism. An ``assert`` of
+    the test itself is a check's finding without one: the causes read its words."""
     from pytest_ptn.harness import Case
 
     if _callspec_param(item, "ptn_backend") is None:
@@ -673,9 +683,16 @@ def failure_mechanisms(item: pytest.Item, error: BaseException) -> list[mechanis
     case = getattr(item, "funcargs", {}).get(repro.CASE_FIXTURE)
     found = list(case.found) if isinstance(case, Case) else []
     outcomes = (pytest.fail.Exception, pytest.skip.Exception, pytest.xfail.Exception, AssertionError)
-    if not found and isinstance(error, Exception) and not isinstance(error, outcomes):
-        found = [mechanisms.raised(mechanisms.Step.RUNNING, error)]
-    return found
+    if found or not isinstance(error, Exception) or isinstance(error, outcomes):
+        return found
+    said = mechanisms.raised(mechanisms.Step.RUNNING, error)
+    if isinstance(case, Case) and case.raised_at is not None:
+        from pytest_ptn.check.explain import explaining_error
+
+        replay = explaining_error(case.replays(), said, case.raised_at, case.program.method_names)
+        if replay is not None:
+            return list(replay.mechanisms)
+    return [said]
 
 
 # --- upstream warnings and logs (pytest_ptn.upstream_noise) ----------------------------------------------

@@ -7,10 +7,12 @@ from dataclasses import dataclass
 
 from pytest_ptn.backend import Backend, Capability
 
-SPEC_VERSION = "4"
+SPEC_VERSION = "5"
 """2: isolation is judged against each method alone on the same backend, and accuracy (A1) is its own rule;
 3: the methods alone share nothing with the program's run (a fresh process); 4: the fuzz sees past known bugs,
-a backend's known failures of generated programs listed by mechanism (pytest_ptn.mechanisms)."""
+a backend's known failures of generated programs listed by mechanism (pytest_ptn.mechanisms); 5: one bug, one
+mechanism (an error a faulty binding reproduces is that binding's), content that only looks the same
+(``lookalike``) in the scenarios and the fuzz, and a derandomized profile's programs whatever the split."""
 
 MUST = "MUST"
 SHOULD = "SHOULD"

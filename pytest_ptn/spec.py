@@ -30,9 +30,28 @@ FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 """What a program may compute in (ProgramSpec.dtype)."""
 
 
+ELEMENT_SIZES = {
+    "bool": 1,
+    "int8": 1,
+    "uint8": 1,
+    "int16": 2,
+    "float16": 2,
+    "bfloat16": 2,
+    "int32": 4,
+    "float32": 4,
+    "int64": 8,
+    "float64": 8,
+}
+"""Bytes per element of each dtype a constant may have: one bit pattern read as two dtypes needs one size."""
+
+
 @dataclass(frozen=True)
 class Constant:
-    """A tensor a method reads. ``values`` (flattened) wins over ``seed`` when given."""
+    """A tensor a method reads. ``values`` (flattened) wins over ``seed`` when given.
+
+    ``drawn_as`` and ``nudged`` make the tensors content-sharing bugs confuse, compactly: the bytes of
+    another dtype's draw (a float32 tensor's bit pattern held as int32), and a tensor equal to another
+    but for a few elements (a fine-tuned method's weight beside the base one)."""
 
     name: str
     family: str = "buffer"
@@ -41,6 +60,13 @@ class Constant:
     seed: int = 0
     values: tuple[float, ...] | None = None
     persistent: bool = True
+    drawn_as: str | None = None
+    """The dtype ``seed`` (or ``values``) draws the tensor in, of the same element size, its bytes then read
+    as ``dtype``; None: drawn in ``dtype``."""
+    nudged: tuple[int, ...] = ()
+    """Flat indices of elements moved a little from what the draw gives: ``x + max(|x|, 1) / 256`` (at
+    least the dtype's next value up), ``x + 1`` for an integer: an output changes beyond the comparison
+    bound, a closeness test with a 1% tolerance calls the tensors equal."""
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -51,6 +77,13 @@ class Constant:
             raise ValueError(f"constant {self.name!r}: a scalar has shape (), not {self.shape}")
         if self.values is not None and len(self.values) != _numel(self.shape):
             raise ValueError(f"constant {self.name!r}: {len(self.values)} values for shape {self.shape}")
+        if self.drawn_as is not None and ELEMENT_SIZES.get(self.drawn_as, 0) != ELEMENT_SIZES.get(self.dtype):
+            raise ValueError(
+                f"constant {self.name!r}: drawn as {self.drawn_as!r}, read as {self.dtype!r}: one bit "
+                f"pattern needs two dtypes of one element size ({ELEMENT_SIZES})"
+            )
+        if any(not 0 <= i < _numel(self.shape) for i in self.nudged):
+            raise ValueError(f"constant {self.name!r}: nudged {self.nudged} outside its {_numel(self.shape)}")
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,15 @@ or private with a name no other method uses, and no name contains ``/``. A metho
 owns, and every method runs at least once. Shrinking goes towards two methods of the first (one own
 constant) shape and the first names of the pool.
 
+Values are drawn on purpose, not only at random: a bug in content sharing (a dedupe or a cache keyed on
+less than the full content) hides where random values never go. Beside a seed's draw, a constant of a
+parameter, buffer or attribute may be zeros (a fresh KV cache), equal to another constant of the program
+but for one to three elements near its end (``nudged``: where a digest of a prefix or a sample of the bytes
+does not reach; some tensors are 4 KiB, longer than such a prefix), or the bytes of another constant of
+another dtype of one element size (``drawn_as``: float32 and int32; float16, bfloat16 and int16). Such a
+pair never shares a name, so a wrong value is either by-name or lookalike, never both. A shrink goes
+towards the seed's draw.
+
     from hypothesis import given
     from pytest_ptn.strategies import program_specs
 
@@ -27,7 +36,7 @@ from dataclasses import dataclass, replace
 
 from hypothesis import strategies as st
 
-from pytest_ptn.spec import Constant, Method, ProgramSpec, Write
+from pytest_ptn.spec import ELEMENT_SIZES, Constant, Method, ProgramSpec, Write
 
 METHOD_NAMES = ("prefill", "decode", "encoder", "decoder", "forward", "step", "m6", "m7")
 """The method names a program draws from: the entry points real multi-method programs have, then more."""
@@ -83,7 +92,10 @@ def _scalar(value: float) -> Slot:
     return Slot(Constant("", "scalar", shape=(), values=(value,)))
 
 
-ROOT = (_slot("parameter").constant, _slot("attribute", shape=(16,)).constant, _slot("buffer").constant)
+LONG = (32, 32)
+"""A shape of 4 KiB in float32: longer than the prefix a partial digest reads."""
+
+ROOT = (_slot("parameter").constant, _slot("attribute", shape=LONG).constant, _slot("buffer").constant)
 """The shared root of a program that has one: every method's export holds all of it (read or not), so it is
 part of every method's graph and drawn whole or not at all; its buffer is the state methods share."""
 
@@ -113,23 +125,33 @@ class MethodShape:
 METHOD_SHAPES = (
     MethodShape((_slot("parameter"),)),
     MethodShape((_slot("buffer"), _root(2))),  # reads the state others write: a KV cache's decode
-    MethodShape((_slot("parameter"), _slot("attribute", shape=(16,))), state=_root(2)),
+    MethodShape((_slot("parameter"), _slot("attribute", shape=LONG)), state=_root(2)),
     MethodShape((_scalar(0.125), _slot("attribute", "int64", (4, 4)))),
     MethodShape(
         (_slot("buffer", "int32", persistent=False), _root(0)),
         state=_slot("buffer", shape=(2, 4)),
         op="index_copy",
     ),
-    MethodShape(
-        (_slot("attribute", "float16"), _slot("literal", "int32", (16,)), _slot("buffer", "int64", (2, 4)))
-    ),
+    MethodShape((_slot("attribute", "float16"), _slot("literal", "int32", (16,)), _slot("buffer", "int16"))),
     MethodShape((_root(1), _slot("buffer", "float16", (4, 4))), state=_root(2), op="copy"),
-    MethodShape((_slot("parameter", "float16", (2, 4)), _scalar(2.0)), state=_slot("buffer")),
+    MethodShape((_slot("parameter", "bfloat16"), _scalar(2.0)), state=_slot("buffer")),
 )
 """The bounded set of method graphs the fuzz test draws from, each with and without a shared root (two
 scalars of other values collide as ``_lifted_tensor_constant<i>`` once ExecuTorch lifts them): together
-every family, the four dtypes, the four shapes, own and shared constants, private and shared
-state written three ways. The first is the smallest program a shrink can reach."""
+every family, the six dtypes (three of two bytes, two of four, each of one shape with the others of its
+size), the five shapes (one of 4 KiB), own and shared constants, private and shared state written three
+ways. The first is the smallest program a shrink can reach."""
+
+
+VALUE_FORMS = ("seed", "seed", "zeros", "near", "bits")
+"""How a constant's values are drawn (the seed's draw half the time, and first, where a shrink goes):
+zeros, near-equal to another constant, or another constant's bytes under this one's dtype."""
+ZEROS_UP_TO = 16
+"""The most elements a zero tensor is drawn with: its values are written out in the program."""
+BITS_FROM = {"int32": ("float32",), "int16": ("float16", "bfloat16"), "float16": ("bfloat16",)}
+"""The dtypes whose bytes a constant of each dtype may hold: a float's bytes as an integer or as another
+float of its size, never an integer's as a float (the patterns of negative integers are NaNs)."""
+BITS_FROM["bfloat16"] = ("float16",)
 
 
 @dataclass(frozen=True)
@@ -138,6 +160,25 @@ class _Drawn:
     shape: MethodShape
     names: tuple[str, ...]
     seeds: tuple[int, ...]
+    forms: tuple[_Form, ...]
+
+
+@dataclass(frozen=True)
+class _Form:
+    """How one constant's values are drawn: a VALUE_FORMS entry, which earlier constant it is like (an
+    index into the candidates), and how far from the end its nudged elements are."""
+
+    form: str
+    like: int
+    nudges: tuple[int, ...]
+
+
+_form = st.builds(
+    _Form,
+    st.sampled_from(VALUE_FORMS),
+    st.integers(0, 7),
+    st.lists(st.integers(0, 63), min_size=1, max_size=3, unique=True).map(tuple),
+)
 
 
 @st.composite
@@ -148,7 +189,7 @@ def _drawn_method(draw: st.DrawFn, max_constants: int, stateful: bool) -> _Drawn
     n = len(shape.slots)
     names = tuple(draw(st.lists(st.sampled_from(NAMES), min_size=n, max_size=n, unique=True)))
     seeds = tuple(draw(st.integers(0, 3)) for _ in range(n))
-    return _Drawn(name, shape, names, seeds)
+    return _Drawn(name, shape, names, seeds, tuple(draw(_form) for _ in range(n)))
 
 
 @st.composite
@@ -173,7 +214,11 @@ def program_specs(
             max_size=max_methods,
         )
     )
-    methods = [_resolve(m, shared) for m in drawn]
+    forms = [
+        [f for slot, f in zip(m.shape.slots, m.forms, strict=True) if not (shared and slot.root is not None)]
+        for m in drawn
+    ]
+    methods = _with_values([_resolve(m, shared) for m in drawn], forms, shared)
     names = [m.name for m in methods]
     calls = draw(st.lists(st.sampled_from(names), max_size=max_calls))
     calls += [m for m in names if m not in calls]  # every method runs at least once
@@ -200,6 +245,78 @@ def _resolve(m: _Drawn, shared: tuple[Constant, ...]) -> Method:
         reads.append(name)
     writes = (Write(reads[-1], m.shape.op),) if m.shape.state is not None else ()
     return Method(m.name, tuple(own), reads=tuple(reads), writes=writes)
+
+
+_VALUED = ("parameter", "buffer", "attribute")
+"""The families whose values a form may choose: the others' values are in the graph (a new graph each)."""
+
+
+def _with_values(
+    methods: list[Method], forms: list[list[_Form]], shared: tuple[Constant, ...]
+) -> list[Method]:
+    """``methods`` with each own constant's values drawn as its form says (``forms``: one per own
+    constant), in order, a near-equal or same-bytes constant taking them from one drawn before it; a form
+    nothing earlier fits, or that would make a lookalike of a same-named constant, leaves the seed's draw."""
+    earlier: list[Constant] = list(shared)
+    out = []
+    for m, drawn in zip(methods, forms, strict=True):
+        own = []
+        for c, f in zip(m.constants, drawn, strict=True):
+            if c.family in _VALUED:
+                valued = _valued(c, f, earlier)
+                if not any(e.name == c.name and _looks_alike(valued, e) for e in earlier):
+                    c = valued
+            own.append(c)
+            earlier.append(c)
+        out.append(replace(m, constants=tuple(own)))
+    return out
+
+
+def _valued(c: Constant, f: _Form, earlier: list[Constant]) -> Constant:
+    """``c`` with its values drawn as ``f`` says, from a constant of ``earlier`` of another name."""
+    n = _numel(c.shape)
+    if f.form == "zeros":
+        return replace(c, values=(0.0,) * n) if n <= ZEROS_UP_TO else c
+    others = [e for e in earlier if e.family in _VALUED and e.name != c.name and e.shape == c.shape]
+    if f.form == "near":
+        fits = [e for e in others if e.dtype == c.dtype]
+        if fits:
+            e = fits[f.like % len(fits)]
+            nudged = tuple(sorted({n - 1 - d % n for d in f.nudges}))
+            return replace(c, seed=e.seed, values=e.values, drawn_as=e.drawn_as, nudged=nudged)
+    if f.form == "bits":
+        fits = [
+            e for e in others if e.dtype in BITS_FROM.get(c.dtype, ()) and not e.drawn_as and not e.nudged
+        ]
+        if fits:
+            e = fits[f.like % len(fits)]
+            return replace(c, seed=e.seed, values=e.values, drawn_as=e.dtype)
+    return c
+
+
+def _looks_alike(a: Constant, b: Constant) -> bool:
+    """Whether two drawn constants hold tensors that differ but look alike to a check of less than their
+    content (pytest_ptn.check.explain.looks_alike): zeros of one size under two dtypes or shapes, one draw
+    nudged apart, one bit pattern under two dtypes."""
+    if a.shape != b.shape and not (_zeros(a) and _zeros(b)):
+        return False
+    if _zeros(a) and _zeros(b):
+        size = [ELEMENT_SIZES[c.dtype] * _numel(c.shape) for c in (a, b)]
+        return size[0] == size[1] and (a.dtype, a.shape) != (b.dtype, b.shape)
+    if (a.seed, a.values, a.drawn_as or a.dtype) != (b.seed, b.values, b.drawn_as or b.dtype):
+        return False
+    return a.nudged != b.nudged if a.dtype == b.dtype else not (a.nudged or b.nudged)
+
+
+def _zeros(c: Constant) -> bool:
+    return c.values is not None and not any(c.values) and not c.nudged
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 def _register_profiles() -> None:

@@ -12,7 +12,7 @@ from pytest_ptn.mechanisms import Step, crashed
 
 def test_a_crash_key_is_the_step_and_the_signal() -> None:
     assert crashed(Step.RUNNING, "killed by SIGSEGV").key == "crash:running:SIGSEGV"
-    assert crashed(Step.LOWERING, "exited with status 3 without an answer").key == "crash:lowering:status 3"
+    assert crashed(Step.LOWERING, "exited with status 3 without an answer").key == "crash:lowering:status N"
     assert crashed(Step.RUNNING, "hung").key == "hang:running"
 
 

@@ -9,11 +9,22 @@ from pathlib import Path
 import pytest
 
 from pytest_ptn import expectations
+from pytest_ptn.backends.reference import ReferenceBackend
 from pytest_ptn.cli.expectations_update import plan
 from pytest_ptn.fuzzing.tally import FuzzTally, merged
 from pytest_ptn.fuzzing.verdict import Verdict, unlisted
-from pytest_ptn.mechanisms import UNEXPLAINED, Kind, Mechanism, MechanismKeyError, Step, check_key, raised
+from pytest_ptn.mechanisms import (
+    UNEXPLAINED,
+    Kind,
+    Mechanism,
+    MechanismKeyError,
+    Step,
+    check_key,
+    crashed,
+    raised,
+)
 from pytest_ptn.reporting import results
+from pytest_ptn.spec import ProgramSpec
 
 
 def test_a_key_says_kind_and_what_never_a_generated_name() -> None:
@@ -30,14 +41,36 @@ def test_a_key_says_kind_and_what_never_a_generated_name() -> None:
     }
 
 
+def test_an_error_key_leaves_out_dtypes_and_shapes_too() -> None:
+    """One message that varies by the program's dtypes or shapes is one key (spec v5): a loader binding
+    another dtype's tensor is one bug, not one per pair of dtypes."""
+    errors = [
+        RuntimeError("Tensor dtype mismatch! Expected: Int, Got: Half"),
+        RuntimeError("Tensor dtype mismatch! Expected: Float, Got: long int"),
+        RuntimeError("Tensor dtype mismatch! Expected: BFloat16, Got: torch.float32"),
+    ]
+    keys = {raised(Step.RUNNING, e).key for e in errors}
+    assert keys == {"error:running:RuntimeError: Tensor dtype mismatch! Expected: <dtype>, Got: <dtype>"}
+    shapes = [RuntimeError(f"expected shape {s} but got (4,)") for s in ("[2, 4]", "(16,)", "[1]")]
+    assert len({raised(Step.RUNNING, e).key for e in shapes}) == 1
+    assert (
+        crashed(Step.RUNNING, "killed by signal 42", "").key
+        == crashed(Step.RUNNING, "killed by signal 7").key
+    )
+
+
 @pytest.mark.parametrize(
     ("key", "said"),
     [
         ("unexplained", "no mechanism"),
         ("zero-filled", "one of zero-filled:state"),
         ("zero-filled:weights", "one of zero-filled:state"),
+        ("write-returned:anything", "one of write-returned:state"),
+        ("lookalike:everything", "one of lookalike:state"),
         ("bogus:state", "unknown mechanism 'bogus:state'"),
         ("lowering", "names no step"),
+        ("error:running:RuntimeError: error 0x12", "its key is error:running:RuntimeError: error NxN"),
+        ("error:running:RuntimeError: Expected: Int", "a dtype"),
     ],
 )
 def test_a_key_no_expectation_can_list_is_refused(key: str, said: str) -> None:
@@ -193,3 +226,62 @@ def test_a_buffer_the_package_binds_to_a_tensor_lowering_minted_is_by_name(tmp_p
     assert verdict.keys == ["by-name:buffer"], verdict.message
     said = "binds '_lifted_tensor_constant0' of decoder() to '_lifted_tensor_constant0', a float32 tensor of "
     assert said + "shape () also bound by forward()" in verdict.message, verdict.message
+
+
+def _two_dtypes_one_name() -> ProgramSpec:
+    """Two methods holding ``w`` of two dtypes: a loader that binds by name hands one method the other's
+    tensor, and the method's graph refuses it (a dtype check) rather than giving a wrong value."""
+    from pytest_ptn.spec import Constant, Method, ProgramSpec
+
+    return ProgramSpec(
+        methods=(
+            Method("prefill", (Constant("w", "attribute", dtype="int32", seed=1),), reads=("w",)),
+            Method("decode", (Constant("w", "attribute", dtype="float16", seed=2),), reads=("w",)),
+        ),
+        calls=("prefill", "decode"),
+    )
+
+
+def test_an_error_a_by_name_binding_reproduces_is_by_name_not_its_message(
+    tmp_path: Path, warm_torch: None
+) -> None:
+    """One bug, one mechanism (spec v5): the by-name loader's dtype mismatch is by-name, as its wrong values
+    are, because binding the other method's ``w`` makes the program raise the same; so says check_program."""
+    from broken_backends import BindsByKey
+
+    from pytest_ptn.check import check_program
+    from pytest_ptn.fuzzing.verdict import judge
+    from pytest_ptn.programs.build import Program
+
+    (tmp_path / "fuzz").mkdir()
+    (tmp_path / "clean").mkdir()
+    verdict = judge(BindsByKey(), _two_dtypes_one_name(), tmp_path / "fuzz")
+    assert verdict.keys == ["by-name:constant"], verdict.message
+    assert "Tensor dtype mismatch" in verdict.message and "'w' raises" in verdict.message
+    assert judge(ReferenceBackend(), _two_dtypes_one_name(), tmp_path / "clean").keys == []
+
+    program = Program(_two_dtypes_one_name())
+    inputs = {m: program.example_inputs(m) for m in program.method_names}
+    found = check_program(program.modules(), inputs, backend=BindsByKey())
+    raised_findings = [f for f in found if f.stage == "run"]
+    assert raised_findings and all(m.key == "by-name:constant" for f in raised_findings for m in f.mechanisms)
+
+
+def test_an_error_no_binding_reproduces_keeps_its_message_key(tmp_path: Path, warm_torch: None) -> None:
+    """A backend that raises for its own reasons is not blamed on a binding: the key is its message."""
+    from pytest_ptn.fuzzing.verdict import judge
+
+    class Refuses(ReferenceBackend):  # refuses every call
+        name = "refuses"
+
+        def load(self, lowered):  # type: ignore[no-untyped-def]
+            loaded = super().load(lowered)
+
+            def run(method, inputs):  # type: ignore[no-untyped-def]
+                raise RuntimeError(f"kernel for {method} missing: code 0x{len(inputs):x}")
+
+            loaded.run = run
+            return loaded
+
+    verdict = judge(Refuses(), _two_dtypes_one_name(), tmp_path)
+    assert verdict.keys == ["error:running:RuntimeError: kernel for … missing: code NxN"]

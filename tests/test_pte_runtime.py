@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 
 import pytest
@@ -136,3 +137,35 @@ def test_check_program_says_whose_each_failure_is(backend: str, whose: str) -> N
     assert wrong and all(f.method == "decode" for f in wrong), [str(f) for f in findings]
     assert all(f.whose is not None and f.whose.endswith(f": {whose}") for f in wrong), [str(f) for f in wrong]
     assert all(str(f).endswith(f": {whose}") for f in wrong)
+
+
+def test_the_fuzz_says_whose_an_error_is(tmp_path: Path) -> None:
+    """An error on a generated program says whether executorch.runtime on the same .pte raises too (the
+    lowering's) or runs every call (the runtime's own): a runtime that refuses every call is its own."""
+    from pte_runtimes import ExecutorchRuntime, _Executorch
+
+    from pytest_ptn.fuzzing.verdict import judge
+    from pytest_ptn.spec import Constant, Method, ProgramSpec
+
+    class _Refuses(_Executorch):
+        def run(self, method: str, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+            raise RuntimeError(f"execute('{method}') failed")
+
+    class Refuses(ExecutorchRuntime):
+        name = "refuses"
+
+        def load_pte(self, program: Path, data: Path | None) -> _Refuses:
+            return _Refuses(program, data)
+
+    spec = ProgramSpec(
+        methods=(
+            Method("prefill", (Constant("w", "parameter", seed=1),), reads=("w",)),
+            Method("decode", (Constant("w", "parameter", seed=2),), reads=("w",)),
+        )
+    )
+    with warnings.catch_warnings():  # upstream's (executorch.runtime is experimental), as the plugin's are
+        warnings.simplefilter("ignore")
+        verdict = judge(Refuses.variant("portable")(), spec, tmp_path)
+    assert verdict.keys == ["error:running:RuntimeError: execute('…') failed"], verdict.message
+    assert f"executorch.runtime on the same .pte runs every call: {RUNTIME_FAULT}" in verdict.message
+    assert RUNTIME_FAULT in verdict.mechanisms[0].detail

@@ -108,3 +108,46 @@ def test_every_name_family_is_drawn() -> None:
 
     draw()
     assert set(NAMES) <= seen, sorted(set(NAMES) - seen)
+
+
+def _draws(n: int) -> list[ProgramSpec]:
+    drawn: list[ProgramSpec] = []
+
+    @settings(max_examples=n, deadline=None, derandomize=True, database=None)
+    @given(program_specs())
+    def collect(spec: ProgramSpec) -> None:
+        drawn.append(spec)
+
+    collect()
+    return drawn
+
+
+def test_values_are_drawn_where_content_sharing_bugs_hide(warm_torch: None) -> None:
+    """Zeros of two dtypes of one size, a tensor equal to another but for elements past the first 1 KiB,
+    one bit pattern under two dtypes, and bfloat16: what a dedupe or a cache keyed on less than the full
+    content confuses, and what seeds alone never draw."""
+    from pytest_ptn.check.explain import looks_alike
+    from pytest_ptn.programs.build import make_tensor
+
+    seen: set[str] = set()
+    for spec in _draws(200):
+        constants = [*spec.shared, *(c for m in spec.methods for c in m.constants)]
+        seen |= {c.dtype for c in constants}
+        tensors = {id(c): make_tensor(c) for c in constants}
+        for i, a in enumerate(constants):
+            for b in constants[i + 1 :]:
+                ta, tb = tensors[id(a)], tensors[id(b)]
+                if not looks_alike(ta, tb):
+                    continue
+                assert a.name != b.name, f"a lookalike pair shares the name {a.name!r}: by-name or content?"
+                if ta.dtype != tb.dtype and not ta.any():
+                    seen.add("zeros of two dtypes")
+                elif ta.dtype != tb.dtype:
+                    seen.add(f"bits {sorted((str(ta.dtype), str(tb.dtype)))}")
+                elif ta.nbytes > 1024:
+                    differ = (ta.reshape(-1) != tb.reshape(-1)).nonzero()
+                    if int(differ.min()) * ta.element_size() >= 1024:
+                        seen.add("near-equal past the first KiB")
+    wanted = {"bfloat16", "int16", "zeros of two dtypes", "near-equal past the first KiB"}
+    assert wanted <= seen, sorted(seen)
+    assert any(s.startswith("bits") for s in seen), sorted(seen)

@@ -12,6 +12,7 @@ import torch
 
 from pytest_ptn.backend import Loaded, one_line
 from pytest_ptn.check.findings import Difference, Finding, Stage
+from pytest_ptn.mechanisms import Step, raised
 from pytest_ptn.programs.source import find_tensor, widened
 from pytest_ptn.schedule import LoadSchedule
 
@@ -135,7 +136,10 @@ def run_calls(
                 loaded.load_method(method)
             have = loaded.run(name, list(given))
         except Exception as e:
-            findings.append(Finding("E1", Stage.RUN, f"the call raised {one_line(e)}", name, i))
+            error = raised(Step.RUNNING, e, list(eager))  # its mechanism, until a replay explains it
+            findings.append(
+                Finding("E1", Stage.RUN, f"the call raised {one_line(e)}", name, i, mechanisms=(error,))
+            )
             break
         returned.append(have)
         if len(have) != len(want):

@@ -1,12 +1,14 @@
-"""Say whose data a wrong output read: replay the program with one constant or buffer bound the way a
-faulty loader binds it (or two such faults at once), and see whether that gives the backend's values: the
-replay that does names the mechanisms (pytest_ptn.mechanisms)."""
+"""Say whose data a wrong output read, or what made a run raise: replay the program with one constant or
+buffer bound the way a faulty loader binds it (or two such faults at once), and see whether that gives the
+backend's values, or the backend's error: the replay that does names the mechanisms (pytest_ptn.mechanisms).
+A loader that binds another method's tensor of another dtype raises in the method's graph just as the
+replay binding it does, so one bug is one mechanism whether it shows as a value or an error."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import NamedTuple
@@ -15,8 +17,8 @@ import torch
 
 from pytest_ptn.check.execution import Call, flat
 from pytest_ptn.check.findings import Difference, Finding, Stage
-from pytest_ptn.instruments.content import digest
-from pytest_ptn.mechanisms import Kind, Mechanism, Role
+from pytest_ptn.instruments.content import digest, same_content, tensor_bytes
+from pytest_ptn.mechanisms import Kind, Mechanism, Role, without_names
 from pytest_ptn.programs.exported import constants_of, mutable_keys
 from pytest_ptn.programs.source import UserProgram, exported_eager, find_tensor, set_tensor
 from pytest_ptn.reference.planner import ConstantUse
@@ -30,7 +32,8 @@ def explain(
     program: UserProgram,
     sequence: Sequence[Call],
 ) -> list[Finding]:
-    """``findings``, each wrong call output that one faulty binding accounts for saying so."""
+    """``findings``, each wrong call output, and each call that raised, that one faulty binding accounts for
+    saying so."""
     wrong: dict[int, str] = {
         f.call: f.method
         for f in findings
@@ -40,25 +43,39 @@ def explain(
         and f.method is not None
         and f.call < len(returned)
     }
-    if not wrong:
+    errors = [f for f in findings if f.stage == Stage.RUN and f.mechanisms]
+    if not wrong and not errors:
         return findings
     replays = faulty_replays(program.export(), mutable_keys(program.inspected()), sequence)
     explained = explanations(replays, returned, wrong)
-    return [
-        dataclasses.replace(f, explanation=explained[f.call].label, mechanisms=explained[f.call].mechanisms)
-        if f.call in explained and f.rule == "E1" and f.stage == Stage.COMPARE
-        else f
-        for f in findings
-    ]
+    names = list(program.methods)
+    out = []
+    for f in findings:
+        replay = (
+            explained.get(f.call)
+            if f.rule == "E1" and f.stage == Stage.COMPARE and f.call is not None
+            else None
+        )
+        if f in errors:
+            replay = explaining_error(replays, f.mechanisms[0], f.call, names)
+        if replay is not None:
+            f = dataclasses.replace(f, explanation=replay.label, mechanisms=replay.mechanisms)
+        out.append(f)
+    return out
 
 
 class Replay(NamedTuple):
-    """What one faulty binding (or two at once) gives on every call of a sequence."""
+    """What one faulty binding (or two at once) gives on every call of a sequence, or what it raised."""
 
     label: str
     """What it is: "what method 'prefill''s 'weight' would give"."""
     outputs: list[list[torch.Tensor]]
+    """Every call's outputs; none where the replay raised."""
     mechanisms: tuple[Mechanism, ...]
+    error: Exception | None = None
+    """What the program raised when bound this way."""
+    raised_at: int | None = None
+    """The call that raised it."""
 
 
 Replays = list[Replay]
@@ -71,10 +88,36 @@ def explanations(
     faulty binding accounts for: the first replay that gives them (single faults before pairs)."""
     explained: dict[int, Replay] = {}
     for replay in replays:
+        if replay.error is not None:
+            continue
         for call in wrong:
             if call not in explained and _same(list(returned[call]), replay.outputs[call]):
                 explained[call] = replay
     return explained
+
+
+def explaining_error(
+    replays: Replays, error: Mechanism, call: int | None, names: Iterable[str] = ()
+) -> Replay | None:
+    """The first replay that raises what the backend raised while running (``error``, its mechanism, whose
+    detail is the exception's type and first line) at the same call (``call``; None: where it raised is not
+    known), single faults before pairs: the binding that makes the program fail as the backend does. The
+    same is the same type and message but for what varies between programs (``names``: the program's method
+    names), the whole message or the part a backend's own wrapping quotes (native's "node 'mul' failed:
+    RuntimeError: ...")."""
+    raising = [
+        (r, f"{type(r.error).__name__}: {str(r.error).strip().splitlines()[0].strip()}")
+        for r in replays
+        if r.error is not None and str(r.error).strip() and call in (None, r.raised_at)
+    ]
+    # the binding that raises the very message first (it names the tensors as the backend did), then one
+    # that raises it but for what varies
+    for same in (lambda said: said, lambda said: without_names(said, names)):
+        mine = same(error.detail)
+        for r, theirs in raising:
+            if same(theirs) in mine:
+                return r
+    return None
 
 
 def faulty_replays(
@@ -82,10 +125,10 @@ def faulty_replays(
 ) -> Replays:
     """The sequence replayed on the program bound each faulty way a loader binds, one fault at a time, then
     two faults of state at once (state zero-filled that another buffer's writes also reach: the shared
-    arena of a .pte whose buffers start from nothing); a binding the program cannot run with explains
-    nothing. ``fresh``: new exports (their eager modules are the base every binding copies), ``mutable``:
-    the keys of the buffers some method writes. The exports need not be functional: a binding reads their
-    constants, and the keys it binds are the eager modules' own."""
+    arena of a .pte whose buffers start from nothing); a binding the program cannot run with keeps what it
+    raised, which explains an error only. ``fresh``: new exports (their eager modules are the base every
+    binding copies), ``mutable``: the keys of the buffers some method writes. The exports need not be
+    functional: a binding reads their constants, and the keys it binds are the eager modules' own."""
     base = exported_eager(fresh, mutable)
     constants = {m: constants_of(ep) for m, ep in fresh.items()}
     buffers = {key for ep in fresh.values() for key in ep.graph_signature.buffers}
@@ -102,12 +145,16 @@ def faulty_replays(
         modules = copy.deepcopy(base)
         if not all(fault.bind(modules) for fault in sorted(chosen, key=lambda f: _ORDER[f.mechanism.kind])):
             continue
-        try:
-            replayed = _replay(modules, sequence)
-        except Exception:
-            continue
         label = " and ".join(f.label for f in chosen)
-        out.append(Replay(f"what {label} would give", replayed, tuple(f.mechanism for f in chosen)))
+        how = tuple(f.mechanism for f in chosen)
+        outputs: list[list[torch.Tensor]] = []
+        try:
+            for name, args in sequence:
+                outputs.append(flat(modules[name](*copy.deepcopy(args))))
+        except Exception as e:
+            out.append(Replay(f"what {label} raises", [], how, e, len(outputs)))
+            continue
+        out.append(Replay(f"what {label} would give", outputs, how))
     return out
 
 
@@ -121,7 +168,7 @@ class _Fault:
     bind: Callable[[Modules], bool]
 
 
-_ORDER = {Kind.BY_NAME: 0, Kind.PRIVATE_COPY: 1, Kind.ONE_MEMORY: 2, Kind.ZERO_FILLED: 3}
+_ORDER = {Kind.BY_NAME: 0, Kind.LOOKALIKE: 0, Kind.PRIVATE_COPY: 1, Kind.ONE_MEMORY: 2, Kind.ZERO_FILLED: 3}
 """The order two faults bind in: memory first, then what it starts from (zero-filling one of two buffers
 in one memory zero-fills both)."""
 
@@ -133,11 +180,12 @@ def _faults(
     buffers: set[str],
     methods: set[str],
 ) -> Iterator[_Fault]:
-    """Every faulty binding of the program: another method's same-named constant, a private copy of shared
-    state, two buffers in one memory (the smaller at the start of the larger), state or a buffer no method
-    writes that starts zero-filled (its initial value lost, as a non-persistent buffer's is when a lowering
-    ships no data for it), and so does a constant whose name several methods hold (lost where lowering
-    merged them)."""
+    """Every faulty binding of the program: another method's same-named constant (of any dtype and shape:
+    one the method's graph refuses explains an error), another tensor that looks like the method's own
+    under another name (``lookalike``), a private copy of shared state, two buffers in one memory (the
+    smaller at the start of the larger), state or a buffer no method writes that starts zero-filled (its
+    initial value lost, as a non-persistent buffer's is when a lowering ships no data for it), and so does
+    a constant whose name several methods hold (lost where lowering merged them)."""
 
     def role(key: str) -> Role:
         return Role.STATE if key in mutable else Role.BUFFER if key in buffers else Role.CONSTANT
@@ -148,13 +196,7 @@ def _faults(
                 continue
             for other, theirs in constants.items():
                 t = theirs[key].tensor if other != method and key in theirs else None
-                if (
-                    t is not None
-                    and _plain(t)
-                    and _plain(use.tensor)
-                    and (t.shape, t.dtype) == (use.tensor.shape, use.tensor.dtype)
-                    and digest(t) != digest(use.tensor)
-                ):
+                if t is not None and _plain(t) and _plain(use.tensor) and not same_content(t, use.tensor):
                     yield _Fault(
                         Mechanism(
                             Kind.BY_NAME, role(key), f"method {method!r} read method {other!r}'s {key!r}"
@@ -162,6 +204,7 @@ def _faults(
                         f"method {other!r}'s {key!r}",
                         partial(_bind_other, method, key, t),
                     )
+        yield from _lookalikes(method, constants, mutable, role)
         for key in sorted(mutable & set(constants[method])):
             if any(key in theirs for other, theirs in constants.items() if other != method):
                 yield _Fault(
@@ -187,6 +230,59 @@ def _faults(
             f"{key!r} starting zero-filled",
             partial(_bind_zeroed, key),
         )
+
+
+def _lookalikes(
+    method: str,
+    constants: Mapping[str, Mapping[str, ConstantUse]],
+    mutable: set[str],
+    role: Callable[[str], Role],
+) -> Iterator[_Fault]:
+    """Each other immutable tensor of the program, under another name, that looks like one of ``method``'s
+    own (``looks_alike``), bound in its place: what a cache keyed on less than the full content gives. One
+    fault per distinct content; a same-named one is the by-name fault's."""
+    others = [
+        (other, key, use.tensor)
+        for other, theirs in sorted(constants.items())
+        for key, use in sorted(theirs.items())
+        if key not in mutable and _plain(use.tensor)
+    ]
+    for key, use in sorted(constants[method].items()):
+        if key in mutable or not _plain(use.tensor):
+            continue
+        seen: set[tuple[torch.dtype, tuple[int, ...], str]] = set()
+        for other, theirs, t in others:
+            content = (t.dtype, tuple(t.shape), digest(t))
+            if theirs == key or content in seen or not looks_alike(use.tensor, t):
+                continue
+            seen.add(content)
+            yield _Fault(
+                Mechanism(
+                    Kind.LOOKALIKE,
+                    role(key),
+                    f"method {method!r} read {other!r}'s {theirs!r} for its {key!r}, which it looks like",
+                ),
+                f"method {other!r}'s {theirs!r} in place of {method!r}'s {key!r}",
+                partial(_bind_other, method, key, t),
+            )
+
+
+NEAR = 4
+"""A tensor of the same dtype and shape as another that differs from it in at most one element in ``NEAR``,
+or in at most three but not all, is near-equal: a base weight and a fine-tuned method's, which a digest of
+a prefix, a sample of the bytes or a closeness test takes for the same."""
+
+
+def looks_alike(mine: torch.Tensor, theirs: torch.Tensor) -> bool:
+    """Whether ``theirs`` differs from ``mine`` but looks the same to a check of less than the full content:
+    the same bytes under another dtype or shape (zeros of two dtypes), or the same dtype and shape with
+    few elements that differ."""
+    if same_content(mine, theirs):
+        return False
+    if (mine.dtype, mine.shape) != (theirs.dtype, theirs.shape):
+        return mine.nbytes == theirs.nbytes and bytes(tensor_bytes(mine)) == bytes(tensor_bytes(theirs))
+    differ = int((mine.reshape(-1) != theirs.reshape(-1)).sum())
+    return 0 < differ <= max(min(3, mine.numel() - 1), mine.numel() // NEAR)
 
 
 def _bind_other(method: str, key: str, theirs: torch.Tensor, modules: Modules) -> bool:
@@ -231,10 +327,6 @@ def _plain(t: torch.Tensor) -> bool:
     """A tensor of PyTorch's own, not a subclass (torchao's Int8Tensor weight, which has no bytes of its
     own to compare, and whose binding a loader never sees: lowering flattens it into plain tensors)."""
     return type(t) in (torch.Tensor, torch.nn.Parameter)
-
-
-def _replay(modules: Modules, sequence: Sequence[Call]) -> list[list[torch.Tensor]]:
-    return [flat(modules[name](*copy.deepcopy(args))) for name, args in sequence]
 
 
 def _same(have: list[torch.Tensor], want: list[torch.Tensor]) -> bool:

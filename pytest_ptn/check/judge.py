@@ -60,8 +60,9 @@ def judged(backend: Backend, program: UserProgram, sequence: list, workdir: Path
     findings += accuracy
     failed = {f.call for f in findings if f.rule != ACCURACY}
     second = load_reversed(backend.load(lowered), program)
-    findings += second_copy(judge, second, state_rules, failed)
-    findings += loaded_at_first_call(judge, backend.load(lowered), state_rules, failed)
+    copies = second_copy(judge, second, state_rules, failed)
+    copies += loaded_at_first_call(judge, backend.load(lowered), state_rules, failed)
+    findings += explain(copies, [], program, sequence)  # the calls that raised there
     if Capability.PACKAGE in backend.capabilities:
         findings += package_findings(lowered.package(), inspected)
     if Capability.STORAGE in backend.capabilities:

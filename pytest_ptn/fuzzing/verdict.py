@@ -9,6 +9,7 @@ the other failure).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from pytest_ptn.mechanisms import Kind, Mechanism, Step, raised
 
 if TYPE_CHECKING:
     from pytest_ptn.backend import Backend
+    from pytest_ptn.harness import Case
     from pytest_ptn.spec import ProgramSpec
 
 SHOWN_MISMATCHES = 10
@@ -61,7 +63,7 @@ def judge(
     try:
         mismatches = spec_mismatches(case)
     except Exception as e:  # the backend raised while loading or running
-        return Verdict((raised(Step.RUNNING, e, names),), f"{type(e).__name__}: {e}")
+        return _raised_running(case, e, names)
     if not mismatches:
         return Verdict((), "")
     lines = [f"  {m}" for m in mismatches[:SHOWN_MISMATCHES]]
@@ -69,6 +71,53 @@ def judge(
         lines.append(f"  ... and {len(mismatches) - SHOWN_MISMATCHES} more")
     how = tuple(m for mismatch in mismatches for m in mismatch.mechanisms)
     return Verdict(how, "outputs differ from eager:\n" + "\n".join(lines))
+
+
+def _raised_running(case: Case, error: Exception, names: list[str]) -> Verdict:
+    """An error while loading or running: the faulty binding that makes the program raise the same is its
+    mechanism (a loader binding another method's tensor of another dtype fails the method's graph as the
+    replay binding it does); an error none reproduces is its step, type and message."""
+    from pytest_ptn.check.explain import explaining_error
+
+    said = f"{type(error).__name__}: {error}"
+    error_of = raised(Step.RUNNING, error, names)
+    replay = explaining_error(case.replays(), error_of, case.raised_at, names)
+    whose = _whose_error(case)
+    if whose:
+        said += f"\n  {whose}"
+    if replay is None:
+        return Verdict(
+            (
+                dataclasses.replace(
+                    error_of, detail=f"{error_of.detail}; {whose}" if whose else error_of.detail
+                ),
+            ),
+            said,
+        )
+    return Verdict(replay.mechanisms, f"{said}\n  it is {replay.label}")
+
+
+def _whose_error(case: Case) -> str:
+    """Whose an error is, for a backend with a witness (a runtime of .pte files: executorch.runtime on the
+    same .pte): the witness raising too makes it the lowering's or upstream's, the witness running every
+    call the backend's own. Empty for a backend without one."""
+    from pytest_ptn.backend import LOWERING_FAULT, RUNTIME_FAULT, one_line
+    from pytest_ptn.schedule import LoadSchedule
+
+    lowered = case.lowered()
+    witnesses = (
+        [] if isinstance(lowered, Exception) else [case.backend.witness(lowered) for _ in LoadSchedule]
+    )
+    by = ""
+    for witness, schedule in zip(witnesses, LoadSchedule, strict=True):  # a fresh load for each schedule
+        if witness is None:
+            return ""
+        by = witness.by
+        try:
+            case.run_calls(witness.loaded, case.eager(), schedule)
+        except Exception as e:
+            return f"{by} raises {one_line(e)} too: {LOWERING_FAULT}"
+    return f"{by} runs every call: {RUNTIME_FAULT}" if by else ""
 
 
 class UnlistedMechanism(Exception):

@@ -19,8 +19,27 @@ from pytest_ptn.spec import SHARED, Constant, Method, ProgramSpec
 
 
 def make_tensor(c: Constant) -> torch.Tensor:
-    """The deterministic value of a constant (its ``values``, else drawn from its ``seed``)."""
+    """The deterministic value of a constant: its ``values``, else drawn from its ``seed``, in ``drawn_as``
+    and read as its dtype where given, its ``nudged`` elements moved."""
     dtype = getattr(torch, c.dtype)
+    drawn = _drawn(c, getattr(torch, c.drawn_as or c.dtype))
+    t = drawn.view(dtype) if drawn.dtype != dtype else drawn
+    if not c.nudged:
+        return t
+    flat = t.reshape(-1).clone()
+    for i in c.nudged:
+        x = flat[i]
+        if dtype.is_floating_point:
+            moved = (x.double() + max(abs(float(x)), 1.0) / 256).to(dtype)
+            flat[i] = (
+                moved if moved != x else torch.nextafter(x.float(), torch.tensor(float("inf"))).to(dtype)
+            )
+        else:
+            flat[i] = x + 1
+    return flat.reshape(c.shape)
+
+
+def _drawn(c: Constant, dtype: torch.dtype) -> torch.Tensor:
     if c.values is not None:
         return torch.tensor(c.values, dtype=torch.float64).to(dtype).reshape(c.shape)
     g = torch.Generator().manual_seed(c.seed)

@@ -24,6 +24,7 @@ from pytest_ptn.reporting.results import FAIL, XPASS, Result, rule_sort_key
 from pytest_ptn.ruleset import STRICT_XPASS_PREFIX
 
 BY_NAME = "constants shared by name"
+LOOKALIKE = "constants shared by less than their content"
 PRIVATE_STATE = "state copied per method"
 ZERO_FILLED = "tensor starts zero-filled"
 ONE_MEMORY = "buffers in one memory"
@@ -45,6 +46,12 @@ _CAUSES: dict[Kind, tuple[str, str]] = {
     Kind.BY_NAME: (
         BY_NAME,
         "the loader binds constants by name across methods: {detail}, another tensor of that name",
+    ),
+    Kind.LOOKALIKE: (
+        LOOKALIKE,
+        "the loader shares constants whose content only looks the same (the same bytes under another dtype "
+        "or shape, equal but for a few elements): a cache or dedupe keyed on less than dtype, shape and "
+        "every byte: {detail}",
     ),
     Kind.PRIVATE_COPY: (
         PRIVATE_STATE,
