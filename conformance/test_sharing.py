@@ -45,14 +45,29 @@ def test_identical_constants_share_one_allocation(ptn_case: Case) -> None:
     fail_with(wrong)
 
 
+def _never_shared(case: Case) -> None:
+    """S2: no two constants of different content (dtype, shape and every byte) in one allocation, and
+    every output as eager's."""
+    programs = case.exported()
+    storages = topology(_load_all(case), programs)
+    wrong = _as("S2", shared_differing_findings(storages, immutable_by_content(programs)))
+    fail_with(wrong)
+    fail_on(case.run_sequence(case.load()), "outputs differ from eager")
+
+
 @pytest.mark.S2
 @pytest.mark.ptn_scenarios("collision")
 def test_same_name_different_content_is_never_shared(ptn_case: Case) -> None:
-    programs = ptn_case.exported()
-    storages = topology(_load_all(ptn_case), programs)
-    wrong = _as("S2", shared_differing_findings(storages, immutable_by_content(programs)))
-    fail_with(wrong)
-    fail_on(ptn_case.run_sequence(ptn_case.load()), "outputs differ from eager")
+    _never_shared(ptn_case)
+
+
+@pytest.mark.S2
+@pytest.mark.ptn_scenarios("lookalike")
+def test_lookalike_content_is_never_shared(ptn_case: Case) -> None:
+    """S2 where only content differs, and only a little (catalogue.LOOKALIKE): zeros of two dtypes, a few
+    elements past the first KiB, one byte pattern under two dtypes. Its own test, as ptn_scenarios picks
+    scenarios carrying every tag it names."""
+    _never_shared(ptn_case)
 
 
 @pytest.mark.S3

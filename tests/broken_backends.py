@@ -8,6 +8,7 @@ the rule's tests against it and expects them to fail.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import random
 import time
@@ -650,3 +651,83 @@ class UsedNamesOnly(_WithLoader):
     name = "used-names-only"
 
     loaded = _UsedNamesOnlyLoaded
+
+
+class _DtypeBlindCache:
+    """Keyed by shape and bytes; the dtype is left out."""
+
+    def __init__(self):
+        self._tensors = {}
+
+    def share(self, host, materialize):
+        key = (tuple(host.shape), content.digest(host))
+        if key not in self._tensors:
+            self._tensors[key] = materialize(host)
+        return self._tensors[key]
+
+
+class DtypeBlindDedupe(_Loader):
+    """S2/E1 on lookalike content: immutable constants deduped by their bytes alone (the dedupe of
+    executorch #23891 keyed without the dtype), so zeros of two dtypes, or a float32 tensor and the int32
+    one holding its bit patterns, become one tensor."""
+
+    name = "broken-dtype-blind"
+
+    def make_cache(self):
+        return _DtypeBlindCache()
+
+
+PREFIX_BYTES = 1024
+"""What PrefixDigestCache hashes of a constant."""
+
+
+class _PrefixDigestCache:
+    """Keyed by dtype, shape and a digest of the first PREFIX_BYTES bytes."""
+
+    def __init__(self):
+        self._tensors = {}
+
+    def share(self, host, materialize):
+        prefix = content.tensor_bytes(host)[:PREFIX_BYTES]
+        key = (host.dtype, tuple(host.shape), hashlib.sha256(prefix).hexdigest())
+        if key not in self._tensors:
+            self._tensors[key] = materialize(host)
+        return self._tensors[key]
+
+
+class PrefixDigestCache(_Loader):
+    """S2/E1 on lookalike content: weights keyed by a digest of their first KiB (#21823 keys weights by a
+    digest of their bytes; hashing a prefix to save time on large ones), so two long weights that differ
+    only near the end are shared."""
+
+    name = "broken-prefix-digest"
+
+    def make_cache(self):
+        return _PrefixDigestCache()
+
+
+class _ClosenessCache:
+    """Shares a constant with one cached before of the same dtype and shape that is allclose to it."""
+
+    def __init__(self):
+        self._cached = []
+
+    def share(self, host, materialize):
+        for seen, tensor in self._cached:
+            same_meta = seen.dtype == host.dtype and seen.shape == host.shape
+            if same_meta and torch.allclose(seen.double(), host.double(), rtol=1e-2, atol=1e-2):
+                return tensor
+        tensor = materialize(host)
+        self._cached.append((host, tensor))
+        return tensor
+
+
+class ClosenessDedupe(_Loader):
+    """S2/E1 on lookalike content: constants deduped by closeness (torch.allclose, rtol=atol=1e-2) rather
+    than equal bytes, as if a fine-tuned weight were its base one (the content dedupe of executorch #23891
+    loosened to tolerate rounding), so near-equal weights are shared."""
+
+    name = "broken-closeness"
+
+    def make_cache(self):
+        return _ClosenessCache()

@@ -4,11 +4,15 @@ Tags say what a scenario exercises, so each conformance test picks only the scen
 ``valid`` (all programs that must lower), ``collision`` (same name, different tensors), ``dedupe`` (equal
 tensors stored once), ``shared_weight``, ``shared_state``, ``private_state``, ``buffers`` (buffers read,
 so initial values matter), ``state_bytes`` (state equal in bytes to a constant), ``total_collision``,
-``reject``, ``reduced_precision`` (computed in bf16 or fp16), ``quantizable`` (QUANTIZABLE).
+``reject``, ``reduced_precision`` (computed in bf16 or fp16), ``quantizable`` (QUANTIZABLE), ``lookalike``
+(constants of different content that a cache keyed on less than all of it takes for one: zeros of two
+dtypes, tensors equal but for a few elements near the end, one byte pattern under two dtypes; no names in
+common, so only content can explain a wrong value; LOOKALIKE).
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -620,6 +624,156 @@ SCENARIOS += (
         "shared_state",
         "buffers",
         QUANTIZABLE,
+    ),
+)
+
+LOOKALIKE = "lookalike"
+"""The tag of a scenario whose constants differ in content but agree on what a partial key sees: dtype-blind
+bytes, a digest of the first KiB, closeness (executorch #23891 dedupes immutable constants by content, #21823
+keys weights by a digest of their bytes). S2 runs on these as on collisions. Each holds its own dtypes, so
+none gets a ``_computed_in`` variant: converting its constants to one dtype would erase the hazard."""
+
+_LONG = 640
+"""Elements of a near-equal weight: 2560 B in float32, 1280 B in bfloat16, so the first KiB of both holds
+equal bytes only."""
+
+_NUDGED = (587, 601, 631)
+"""Where a near-equal weight differs: past the first KiB, near the end but not at it, at primes (no stride
+of a sample starting at 0 lands there)."""
+
+
+def _long(step: int) -> list[float]:
+    """A long weight of multiples of 1/16 (exact in bfloat16 too), 1.875 at _NUDGED."""
+    values = [((i * step + 11) % 61 - 30) / 16 for i in range(_LONG)]
+    for i in _NUDGED:
+        values[i] = 1.875
+    return values
+
+
+def _nudged(values: list[float], by: float) -> tuple[float, ...]:
+    """``values`` with ``by`` added at _NUDGED: 1.875 becomes 1.8823 in float32 (2**-8 of it) or 1.8828 in
+    bfloat16 (one step), close for rtol=atol=1e-2, while weighted_sum weighs each by its position (past 587):
+    outputs of 2800 to 4400 move by about 13, past a float32 bound of 0.05 at most."""
+    return tuple(v + by if i in _NUDGED else v for i, v in enumerate(values))
+
+
+def _bits(fmt: str, to: str, values: tuple[float, ...]) -> tuple[float, ...]:
+    """``values`` packed as ``fmt``, read back as ``to`` (struct codes): one byte pattern, another dtype."""
+    return tuple(float(struct.unpack(f"<{to}", struct.pack(f"<{fmt}", v))[0]) for v in values)
+
+
+_EIGHTHS = _vals(3, -5, 7, 12, -1, 9, -14, 2, 11, -6, 4, -13, 10, 1, -8, 15)
+_FLOAT32_GAIN = tuple(v / 8 for v in _EIGHTHS)
+"""Exact in float32 and bfloat16; as int32 bits, integers of about 1e9 (float32 read as int32 never gives a
+NaN, the other way could)."""
+_BF16_SCALE = tuple(v / 8 for v in _EIGHTHS[::-1])
+_BF16_AS_FP16 = tuple(_bits("H", "e", tuple(int(b) >> 16 for b in _bits("f", "I", _BF16_SCALE))))
+"""float16 values holding _BF16_SCALE's bit patterns: finite, between 1 and 2 in magnitude."""
+
+
+def _zeros(name: str, family: str, dtype: str) -> Constant:
+    return Constant(name, family, dtype=dtype, shape=(4, 4), values=(0.0,) * 16)
+
+
+SCENARIOS += (
+    _s(
+        "zero_caches_two_dtypes",
+        "A zero float32 KV cache `k_cache` of `prefill` and a zero int32 `pos_cache` of `decode` (64 B "
+        "each), each written and read by its method only, beside zero immutable constants `attn_bias` "
+        "(bfloat16) and `pad_mask` (float16) (32 B each); no name in common. Merging either pair is keying "
+        "bytes without their dtype (the caches: one memory for both). The caches are not bfloat16: a bf16 "
+        "state is a delegate input, which OpenVINO cannot lower (no bf16 in its dtype table), and the "
+        "program would not lower there.",
+        ProgramSpec(
+            methods=(
+                Method(
+                    "prefill",
+                    (_zeros("k_cache", "buffer", "float32"), _zeros("attn_bias", "parameter", "bfloat16")),
+                    reads=("k_cache", "attn_bias"),
+                    writes=(Write("k_cache", "index_copy"),),
+                ),
+                Method(
+                    "decode",
+                    (_zeros("pos_cache", "buffer", "int32"), _zeros("pad_mask", "buffer", "float16")),
+                    reads=("pos_cache", "pad_mask"),
+                    writes=(Write("pos_cache", "index_copy"),),
+                ),
+            ),
+            calls=PREFILL_FIRST + ("decode", "prefill"),
+        ),
+        LOOKALIKE,
+        "private_state",
+    ),
+    _s(
+        "near_equal_weights",
+        f"A {_LONG}-element float32 `base_proj` of `prefill` and `tuned_proj` of `decode` (a base and a "
+        "fine-tuned weight), and a bfloat16 pair `base_embed`/`tuned_embed`, equal but at elements "
+        f"{_NUDGED} (about 0.4% apart, one bfloat16 step): a digest of the first KiB, a strided sample or "
+        "closeness (rtol=atol=1e-2) takes them for one, the outputs differ by about 13.",
+        ProgramSpec(
+            methods=(
+                Method(
+                    "prefill",
+                    (
+                        Constant("base_proj", "parameter", shape=(_LONG,), values=tuple(_long(37))),
+                        Constant("base_embed", "parameter", "bfloat16", (_LONG,), values=tuple(_long(53))),
+                    ),
+                    reads=("base_proj", "base_embed"),
+                ),
+                Method(
+                    "decode",
+                    (
+                        Constant(
+                            "tuned_proj",
+                            "parameter",
+                            shape=(_LONG,),
+                            values=_nudged(_long(37), 1.875 * 2**-8),
+                        ),
+                        Constant(
+                            "tuned_embed",
+                            "parameter",
+                            "bfloat16",
+                            (_LONG,),
+                            values=_nudged(_long(53), 2**-7),
+                        ),
+                    ),
+                    reads=("tuned_proj", "tuned_embed"),
+                ),
+            ),
+            calls=("prefill", "decode", "prefill"),
+        ),
+        LOOKALIKE,
+    ),
+    _s(
+        "equal_bytes_two_dtypes",
+        "`norm_gain` (float32) of `encode` and `norm_gain_bits` (int32, its bit patterns) of `decode`, and "
+        "`out_scale` (bfloat16) of `encode` and `out_scale_bits` (float16, the same 16-bit patterns) of "
+        "`decode`: equal bytes, shape and strides, other dtypes and values. A dedupe keyed on bytes without "
+        "dtype hands one method the other's.",
+        ProgramSpec(
+            methods=(
+                Method(
+                    "encode",
+                    (
+                        Constant("norm_gain", "parameter", shape=(16,), values=_FLOAT32_GAIN),
+                        Constant("out_scale", "parameter", "bfloat16", (16,), values=_BF16_SCALE),
+                    ),
+                    reads=("norm_gain", "out_scale"),
+                ),
+                Method(
+                    "decode",
+                    (
+                        Constant(
+                            "norm_gain_bits", "buffer", "int32", (16,), values=_bits("f", "i", _FLOAT32_GAIN)
+                        ),
+                        Constant("out_scale_bits", "buffer", "float16", (16,), values=_BF16_AS_FP16),
+                    ),
+                    reads=("norm_gain_bits", "out_scale_bits"),
+                ),
+            ),
+            calls=("encode", "decode", "encode"),
+        ),
+        LOOKALIKE,
     ),
 )
 
