@@ -23,8 +23,8 @@ from separate_modules import Cache
 
 from pytest_ptn.backend import Availability, BackendError, BackendNotFound, Capability, Lowered
 from pytest_ptn.backends.reference import ReferenceBackend
-from pytest_ptn.check import Finding, Stage, check_program
-from pytest_ptn.programs.source import method_view
+from pytest_ptn.check import Finding, Stage, check_program, program_hazards
+from pytest_ptn.programs.source import ProgramFormError, method_view
 from pytest_ptn.reference.loader import ReferenceLoaded, ReferenceLowered
 from pytest_ptn.reference.package import read_package
 
@@ -240,6 +240,19 @@ def test_an_unavailable_backend_is_an_error_not_a_finding() -> None:
 def test_unknown_backend_is_an_error() -> None:
     with pytest.raises(BackendNotFound, match="no-such-backend"):
         check_program(PrefillDecode(), METHODS, backend="no-such-backend")
+
+
+@pytest.mark.parametrize(
+    ("calls", "which"), [(["prefill", "decode"], "call #0 is 'prefill'"), ("prefill", "calls is the string")]
+)
+def test_calls_that_are_no_method_and_inputs_pairs_are_a_usage_error_naming_the_form(
+    calls: object, which: str
+) -> None:
+    """Method names without inputs: the usage error says what a call is, before anything is lowered."""
+    form = re.escape('(method name, inputs), as in calls=[("prefill", (tokens,)), ("decode", (token,))]')
+    for check in (check_program, program_hazards):
+        with pytest.raises(ProgramFormError, match=f"{re.escape(which)}.*{form}"):
+            check(PrefillDecode(), METHODS, calls=calls)
 
 
 def test_the_docs_examples_run() -> None:

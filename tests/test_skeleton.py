@@ -3,6 +3,7 @@ the suite then judges what they wrote."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -66,6 +67,30 @@ def test_names_that_are_no_package_are_refused(tmp_path: Path) -> None:
     skeleton.write("mine", tmp_path)
     with pytest.raises(skeleton.SkeletonError, match="exists already"):
         skeleton.write("mine", tmp_path)
+
+
+@pytest.mark.parametrize("runtime", [False, True], ids=["backend", "runtime"])
+def test_the_readme_names_the_classes_and_files_the_skeleton_writes(runtime: bool) -> None:
+    """Each ``Class.method`` the README says to fill in is defined in the file it names beside it."""
+    written = skeleton.runtime_files("mybackend") if runtime else skeleton.files("mybackend")
+    to_fill = re.findall(r"`(\w+)\.(\w+)`\s+in\s+`([\w/]+\.py)`", written["README.md"])
+    assert len(to_fill) == (1 if runtime else 2), written["README.md"]
+    for cls, method, path in to_fill:
+        assert path in written, f"the README names {path}, which the skeleton does not write"
+        classes = {c.name: c for c in ast.parse(written[path]).body if isinstance(c, ast.ClassDef)}
+        assert cls in classes, f"the README names {cls}, which {path} does not define"
+        assert method in {f.name for f in classes[cls].body if isinstance(f, ast.FunctionDef)}, (cls, method)
+
+
+@pytest.mark.parametrize("runtime", [False, True], ids=["backend", "runtime"])
+def test_new_backend_help_lists_every_file_it_writes(
+    runtime: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        main(["new-backend", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    for path in skeleton.runtime_files("NAME") if runtime else skeleton.files("NAME"):
+        assert path in shown, f"new-backend --help does not list {path}"
 
 
 STUB = '        raise NotImplementedError("myrt: fill in load_pte with your runtime")\n'

@@ -35,6 +35,7 @@ mapping, or as ``ep.example_inputs``), example inputs computed with autograd on,
 from __future__ import annotations
 
 import dataclasses
+import reprlib
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -90,7 +91,7 @@ def check_program(
 
     usable = usable_backend(backend)
     user = UserProgram(program, methods)
-    given = list(calls) if calls is not None else list(user.inputs.items())
+    given = _given_calls(user, calls)
     positions = [i for i, (name, _) in enumerate(given) if name not in user.constants]
     with torch.no_grad(), tempfile.TemporaryDirectory() as tmp:
         sequence = user.calls(given)
@@ -110,8 +111,28 @@ def program_hazards(
 
     user = UserProgram(program, methods)
     with torch.no_grad():
-        sequence = user.calls(list(calls) if calls is not None else list(user.inputs.items()))
+        sequence = user.calls(_given_calls(user, calls))
         return _hazards(user, sequence)
+
+
+CALL_FORM = '(method name, inputs), as in calls=[("prefill", (tokens,)), ("decode", (token,))]'
+"""What each of ``calls`` is, for the usage error of a call in another form."""
+
+
+def _given_calls(
+    program: UserProgram, calls: Sequence[tuple[str, Inputs]] | None
+) -> list[tuple[str, Inputs]]:
+    """The calls as given, or each method once with its example inputs. ProgramFormError for a call that is
+    no (method name, inputs) pair: a bare name would unpack as its letters, or fail deep inside."""
+    if calls is None:
+        return list(program.inputs.items())
+    if isinstance(calls, str):
+        raise ProgramFormError(f"calls is the string {calls!r}: a sequence of calls, each {CALL_FORM}")
+    given = list(calls)
+    for i, call in enumerate(given):
+        if not (isinstance(call, tuple | list) and len(call) == 2 and isinstance(call[0], str)):
+            raise ProgramFormError(f"call #{i} is {reprlib.repr(call)}: each call is {CALL_FORM}")
+    return given
 
 
 def _hazards(program: UserProgram, sequence: list) -> Hazards:

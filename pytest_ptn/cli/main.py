@@ -41,7 +41,8 @@ LISTINGS: dict[str, tuple[Callable[[], list[Any]], Callable[[list[Any]], list[st
 """What ``list`` can show: how to gather it, how to print it as text."""
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """Every command and its flags: the documentation site draws its commands page from it (docs/hooks.py)."""
     parser = argparse.ArgumentParser(prog="python -m pytest_ptn", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--version",
@@ -108,20 +109,28 @@ def main(argv: list[str] | None = None) -> int:
     new_backend = commands.add_parser(
         "new-backend",
         help="write a backend package to fill in: entry point, Backend subclass, tests",
-        description="Writes NAME-ptn/ (pyproject.toml with the entry point, NAME_ptn/backend.py, tests/, "
-        "README.md): the reference backend under the name NAME, green on the suite, with the lowering and "
-        "the loader's binding to replace with your own. With --runtime, NAME_ptn/runtime.py instead: a "
-        "runtime of .pte files (PteRuntime), run on executorch's lowerings, with load_pte to fill in.",
+        description=f"Writes NAME-ptn/ ({skeleton.listing(runtime=False)}): the reference backend under the "
+        "name NAME, green on the suite, with the lowering (backend.py) and the loader's binding (loader.py) "
+        f"to replace with your own. With --runtime ({skeleton.listing(runtime=True)}): a runtime of .pte "
+        "files (PteRuntime), run on executorch's lowerings, with load_pte to fill in.",
     )
-    new_backend.add_argument("name", metavar="NAME")
+    new_backend.add_argument(
+        "name", metavar="NAME", help="the backend's name: lower case letters, digits and _ (package NAME_ptn)"
+    )
     new_backend.add_argument(
         "--runtime",
         action="store_true",
         help="a runtime of .pte files: executorch lowers, your runtime loads and runs the .pte",
     )
-    new_backend.add_argument("--into", type=Path, default=Path.cwd(), metavar="DIR", help="default: here")
+    new_backend.add_argument(
+        "--into", type=Path, default=Path("."), metavar="DIR", help="the folder to write it in"
+    )
     new_backend.set_defaults(run=_new_backend)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         return int(args.run(args))
     except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as shell tools do

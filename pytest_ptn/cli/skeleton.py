@@ -32,6 +32,11 @@ def runtime_class_name(name: str) -> str:
     return class_name(name).removesuffix("Backend") + "Runtime"
 
 
+def loaded_class_name(name: str) -> str:
+    """The skeleton loader's class, in ``loader.py``: what its ``load`` returns."""
+    return class_name(name).removesuffix("Backend") + "Loaded"
+
+
 def module_and_class(name: str, runtime: bool) -> tuple[str, str]:
     """The package's module holding the skeleton's class (``backend`` or ``runtime``), and the class."""
     return ("runtime", runtime_class_name(name)) if runtime else ("backend", class_name(name))
@@ -85,13 +90,20 @@ def test_the_{module}_can_run_here() -> None:
     }
 
 
+def listing(runtime: bool) -> str:
+    """The files a skeleton holds, NAME standing for the backend's name: ``new-backend --help`` lists them."""
+    return ", ".join(runtime_files("NAME") if runtime else files("NAME"))
+
+
 def files(name: str) -> dict[str, str]:
     """Path (relative to the new folder) -> text of each file of the skeleton of backend ``name``."""
     package = f"{name}_ptn"
     cls = class_name(name)
+    loaded = loaded_class_name(name)
+    backend, loader = f"{package}/backend.py", f"{package}/loader.py"
     return {
         **package_files(name, runtime=False),
-        f"{package}/backend.py": f'''\
+        backend: f'''\
 """The {name} backend: fill in `lower` with your toolchain (and `loader.py` with your loader).
 
 As written it is the reference backend under another name, so the suite is green before you start; each
@@ -110,7 +122,7 @@ from pytest_ptn.backends.reference import ReferenceBackend
 if TYPE_CHECKING:
     import torch
 
-    from {package}.loader import {cls[: -len("Backend")]}Loaded
+    from {package}.loader import {loaded}
 
 
 class {cls}(ReferenceBackend):
@@ -128,17 +140,17 @@ class {cls}(ReferenceBackend):
         Replace with your toolchain; as written, the reference lowering."""
         return super().lower(programs, workdir)
 
-    def load(self, lowered: Lowered) -> {cls[: -len("Backend")]}Loaded:
+    def load(self, lowered: Lowered) -> {loaded}:
         """A fresh, independent copy of a lowered program; `self.cache` lives as long as the backend."""
         from pytest_ptn.reference.loader import ReferenceLowered
         from pytest_ptn.reference.package import read_package
 
-        from {package}.loader import {cls[: -len("Backend")]}Loaded
+        from {package}.loader import {loaded}
 
         assert isinstance(lowered, ReferenceLowered)
-        return {cls[: -len("Backend")]}Loaded(read_package(lowered.path), lowered.graphs, self.cache)
+        return {loaded}(read_package(lowered.path), lowered.graphs, self.cache)
 ''',
-        f"{package}/loader.py": f'''\
+        loader: f'''\
 """The {name} loader: which tensor each method's constant runs with."""
 
 from __future__ import annotations
@@ -148,7 +160,7 @@ import torch
 from pytest_ptn.reference.loader import ReferenceLoaded
 
 
-class {cls[: -len("Backend")]}Loaded(ReferenceLoaded):
+class {loaded}(ReferenceLoaded):
     """One loaded copy of a program; its state is its own, its constants may be shared."""
 
     def bind(self, method: str, key: str, final: str) -> torch.Tensor:
@@ -167,7 +179,8 @@ pytest                              # tests/ and the conformance suite on {name}
 pytest --ptn-backend={name} --ptn-report out/    # out/summary.md: causes first, then the matrix
 ```
 
-Fill in `lower` and `{cls}Loaded.bind` in `{package}/backend.py`. Take a baseline of what fails today with
+Fill in `{cls}.lower` in `{backend}` with your toolchain, and `{loaded}.bind` in
+`{loader}` with your loader's look-up. Take a baseline of what fails today with
 `python -m pytest_ptn expectations update out/results.json --file {name}.toml` and run with
 `--ptn-expectations={name}.toml`.
 """,
@@ -178,9 +191,10 @@ def runtime_files(name: str) -> dict[str, str]:
     """Path (relative to the new folder) -> text of each file of the skeleton of a runtime of .pte files."""
     package = f"{name}_ptn"
     cls = runtime_class_name(name)
+    runtime = f"{package}/runtime.py"
     return {
         **package_files(name, runtime=True),
-        f"{package}/runtime.py": f'''\
+        runtime: f'''\
 """The {name} runtime of .pte files: fill in `load_pte` with a call into your runtime.
 
 The suite lowers each program with executorch, once per lowering in `lowerings` (each a backend of its own:
@@ -226,7 +240,7 @@ pytest                              # tests/ and the conformance suite on every 
 pytest --ptn-backend={name}@shared-state --ptn-report out/    # one lowering; out/summary.md: causes first
 ```
 
-Fill in `load_pte` in `{package}/runtime.py`, and `lowerings` with those your runtime supports. Take a
+Fill in `{cls}.load_pte` in `{runtime}`, and `lowerings` with those your runtime supports. Take a
 baseline of what fails today with `python -m pytest_ptn expectations update out/results.json` (one file
 per lowering, `{name}@portable.toml`, ...) and run with `--ptn-expectations=<file>`.
 """,

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 def pytest_ptn_programs(config: pytest.Config) -> Sequence[NamedProgram] | None:
     """Your own multi-method programs, run by the conformance suite next to the catalogue's scenarios.
 
-    Return :class:`pytest_ptn.programs.user.NamedProgram` objects (each named uniquely), or None. Each
+    Return ``pytest_ptn.programs.user.NamedProgram`` objects (each named uniquely), or None. Each
     becomes a scenario with the tags its exported programs earn, so every conformance test that applies runs
     on it.
     Implement it in a ``conftest.py`` pytest loads at start-up (the rootdir's): it is called once, when the
