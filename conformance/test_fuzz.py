@@ -35,7 +35,7 @@ def test_generated_programs_match_eager(
     from pytest_ptn.fuzzing.verdict import UnlistedMechanism, judge, program_size, unlisted
     from pytest_ptn.mechanisms import PROPERTY as MECHANISMS
     from pytest_ptn.mechanisms import Mechanism, Step, to_json
-    from pytest_ptn.run.state import FAILING_PROGRAM
+    from pytest_ptn.run.state import FAILING_PROGRAMS
     from pytest_ptn.scheduling import crashes
     from pytest_ptn.spec import ProgramSpec
     from pytest_ptn.strategies import program_specs, reproducer
@@ -89,7 +89,7 @@ def test_generated_programs_match_eager(
     # stay behind with its exception: each program is printed once, as a test.
     backend = dict(request.node.user_properties).get("ptn_backend", ptn_backend.name)
     keys = [getattr(e, "key", "") for e in found]
-    request.node.stash[FAILING_PROGRAM] = failed[keys[0]]
+    request.node.stash[FAILING_PROGRAMS] = [failed[key] for key in keys]
     request.node.user_properties.append((MECHANISMS, to_json(shown[key] for key in keys)))
     parts = [
         f"{e}\n\nthe program, as a test (run with --ptn-backend={backend}):\n\n{reproducer(failed[key])}"

@@ -1,15 +1,17 @@
 """Repro bundles (``--ptn-repro DIR``): one folder per failing (backend, scenario) that an engineer who never
 saw the run can replay.
 
-The worker that ran the failing test writes it, from the test's Case (the fuzz test: from the program it
-failed on): the files the backend wrote (``Lowered.files``), the call sequence with every input and eager
-output, and for a bf16 or fp16 program the float64 eager run the comparison's bound is made from
-(``calls.safetensors``: a replay compares as the suite did), the program as a pasteable test, the failure
-text and ``repro.py``, which loads the bundled artifact through the backend, replays the calls, checks the
-sharing topology where the backend shows one, loads the methods in reverse order and replays again, and
-exits 1 while any of it differs. A backend adds its own scripts (``Lowered.bundle_scripts``: a ``.pte``
-gets the replay through ``executorch.runtime`` alone). No file is named as pytest collects tests
-(``test_*.py``, ``*_test.py``), so a bundle folder inside a project is never collected by its next run.
+The worker that ran the failing test writes it, from the test's Case (the fuzz test: one from each program
+it failed on, one per unlisted mechanism): the files the backend wrote (``Lowered.files``), the call
+sequence with every input and eager output, and for a bf16 or fp16 program the float64 eager run the
+comparison's bound is made from (``calls.safetensors``: a replay compares as the suite did), the program as
+a pasteable test, the failure text and ``repro.py``, which loads the bundled artifact through the backend,
+replays the calls, checks the sharing topology where the backend shows one, loads the methods in reverse
+order and replays again, and exits 1 while any of it differs. A backend adds its own scripts
+(``Lowered.bundle_scripts``: a ``.pte`` gets the replay through ``executorch.runtime`` alone); a generated
+or catalogue program on a ``.pte`` backend gets ``standalone.py``, which needs torch and executorch only
+(pytest_ptn.reporting.standalone). No file is named as pytest collects tests (``test_*.py``,
+``*_test.py``), so a bundle folder inside a project is never collected by its next run.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ import pytest
 
 from pytest_ptn.backend import WIDE_RUN
 from pytest_ptn.harness import Case
-from pytest_ptn.run.state import FAILING_PROGRAM, RUN_STATE
+from pytest_ptn.reporting import standalone
+from pytest_ptn.run.state import FAILING_PROGRAMS, RUN_STATE
 
 if TYPE_CHECKING:
     import torch
@@ -47,6 +50,8 @@ FAILURE = "failure.txt"
 PROGRAM_TEST = "reproducer.py"
 """The program as a test to paste into a backend's own suite; named so that pytest does not collect it."""
 REPRO_SCRIPT = "repro.py"
+STANDALONE = "standalone"
+"""In the manifest: the line that names the bundle's standalone reproducer, or says why it has none."""
 REPORT_SECTION = "ptn repro bundle"
 
 CASE_FIXTURE = "ptn_case"
@@ -92,9 +97,10 @@ class BundleWriter:
         """Outermost, so it sees the verdict after xfail and SHOULD handling: a known failure gets a bundle
         too (it is still a bug for someone to fix); a skip does not."""
         report = yield
-        case = failing_case(item)
         failed = report.failed or hasattr(report, "wasxfail")
-        if report.when == "call" and call.excinfo is not None and failed and case is not None:
+        if report.when != "call" or call.excinfo is None or not failed:
+            return report
+        for case in failing_cases(item):
             spec = item.callspec.params[BACKEND_PARAM]  # type: ignore[attr-defined]
             versions = item.config.stash[RUN_STATE].availability[spec].versions
             bundle = write_bundle(self.folder, spec, case, versions)
@@ -103,26 +109,30 @@ class BundleWriter:
             )  # a known failure, a SHOULD
             with (bundle / FAILURE).open("a") as f:
                 f.write(f"{item.nodeid}\n{verdict}{report.longreprtext}\n\n")
-            report.sections.append((REPORT_SECTION, str(bundle)))
+            reproducer = standalone.line(bundle, standalone.reason(case.backend, case.scenario))
+            report.sections.append((REPORT_SECTION, f"{bundle}\n{reproducer}"))
         return report
 
 
-def failing_case(item: pytest.Item) -> Case | None:
-    """The case a failed test ran: its ``ptn_case``, or for the fuzz test the program it failed on."""
+def failing_cases(item: pytest.Item) -> list[Case]:
+    """The case a failed test ran: its ``ptn_case``, or for the fuzz test one per program it failed on
+    (one per unlisted mechanism: ``fuzz``, ``fuzz-2``, ...)."""
     funcargs = getattr(item, "funcargs", {})
     case = funcargs.get(CASE_FIXTURE)
     if isinstance(case, Case):
-        return case
-    program = item.stash.get(FAILING_PROGRAM, None)
+        return [case]
+    programs = item.stash.get(FAILING_PROGRAMS, [])
     backend = funcargs.get(BACKEND_PARAM)
-    if program is None or backend is None:
-        return None
+    if backend is None:
+        return []
     from pytest_ptn.expectations import FUZZ_SCENARIO
     from pytest_ptn.spec import Scenario
 
-    return Case(
-        backend, Scenario(FUZZ_SCENARIO, "", program), lambda name: Path(tempfile.mkdtemp(prefix=name))
-    )
+    names = [FUZZ_SCENARIO, *(f"{FUZZ_SCENARIO}-{i}" for i in range(2, len(programs) + 1))]
+    return [
+        Case(backend, Scenario(scenario, "", program), lambda name: Path(tempfile.mkdtemp(prefix=name)))
+        for scenario, program in zip(names, programs, strict=True)
+    ]
 
 
 def write_bundle(root: Path, spec: str, case: Case, versions: dict[str, str]) -> Path:
@@ -138,10 +148,19 @@ def write_bundle(root: Path, spec: str, case: Case, versions: dict[str, str]) ->
     lowering = case.lowering()
     lowered = lowering if lowering is not None and not isinstance(lowering, Exception) else None
     artifact = copy_artifact(lowered, bundle / ARTIFACT) if lowered is not None else {}
-    manifest = {"backend": spec, "scenario": case.scenario.name, "versions": versions, ARTIFACT: artifact}
+    spec_of_program = case.catalogue_spec
+    why = standalone.reason(case.backend, case.scenario)
+    if why is None and spec_of_program is not None:
+        standalone.write(bundle, case.backend, case.scenario.name, spec_of_program)
+    manifest = {
+        "backend": spec,
+        "scenario": case.scenario.name,
+        "versions": versions,
+        ARTIFACT: artifact,
+        STANDALONE: standalone.line(bundle, why),
+    }
     (bundle / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     write_calls(bundle / CALLS, case.eager())
-    spec_of_program = case.catalogue_spec
     if spec_of_program is not None:
         (bundle / PROGRAM_TEST).write_text(reproducer(spec_of_program))
         (bundle / REPRO_SCRIPT).write_text(

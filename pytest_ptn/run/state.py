@@ -20,9 +20,9 @@ if TYPE_CHECKING:
     from pytest_ptn.programs.user import NamedProgram, UserScenario
     from pytest_ptn.spec import ProgramSpec, Scenario
 
-FAILING_PROGRAM: pytest.StashKey[ProgramSpec] = pytest.StashKey()
-"""On a test item that draws its own programs (the fuzz test): the program it failed on, for a repro
-bundle."""
+FAILING_PROGRAMS: pytest.StashKey[list[ProgramSpec]] = pytest.StashKey()
+"""On a test item that draws its own programs (the fuzz test): the programs it failed on, one per unlisted
+mechanism in the order its failure shows them, for a repro bundle each."""
 
 
 @dataclass
