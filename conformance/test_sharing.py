@@ -5,8 +5,10 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 
 from pytest_ptn.backend import Loaded
+from pytest_ptn.check.explain import leaked_replay
 from pytest_ptn.check.findings import Finding
 from pytest_ptn.check.storage import (
     concurrent_partition,
@@ -91,15 +93,28 @@ def test_two_programs_in_one_process_do_not_leak(
     other = ptn_case.program.with_other_values()
     lowered = ptn_case.backend.lower(other.export(), tmp_path_factory.mktemp("other"))
     second = ptn_case.loader.load(lowered)  # the instance the first program loaded through
+    calls = other.eager()
     mismatches = []
-    for i, call in enumerate(other.eager()):
+    leaked = None
+    for i, call in enumerate(calls):
         got = second.run(call.method, [t.clone() for t in call.inputs])
         bounds = zip(got, call.outputs, call.output_bounds(), strict=False)
         if len(got) != len(call.outputs) or not all(equal(g, w, wide) for g, w, wide in bounds):
-            mismatches.append(
-                f"call #{i} {call.method}() of the second program reads the first program's data"
-            )
+            said = f"call #{i} {call.method}() of the second program reads the first program's data"
+            if not mismatches:  # the evidence, made once: the first program's tensors bound by name
+                sequence = [(c.method, c.inputs) for c in calls]
+                leaked = leaked_replay(
+                    ptn_case.program.export(), other.export(), set(other.state_fqns()), sequence
+                )
+            if leaked is not None and leaked.error is None and _same_values(got, leaked.outputs[i]):
+                said += f": it equals {leaked.label}"
+                ptn_case.found.extend(leaked.mechanisms)
+            mismatches.append(said)
     fail_with(mismatches)
+
+
+def _same_values(have: list[torch.Tensor], want: list[torch.Tensor]) -> bool:
+    return len(have) == len(want) and all(equal(h, w) for h, w in zip(have, want, strict=True))
 
 
 @pytest.mark.S5

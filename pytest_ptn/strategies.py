@@ -266,6 +266,9 @@ def _with_values(
                 valued = _valued(c, f, earlier)
                 if not any(e.name == c.name and _looks_alike(valued, e) for e in earlier):
                     c = valued
+                for e in earlier:  # the seed's draw beside same-named zeros of its dtype: the zeros too
+                    if e.name == c.name and _looks_alike(c, e) and (e.dtype, e.shape) == (c.dtype, c.shape):
+                        c = replace(c, seed=e.seed, values=e.values, drawn_as=e.drawn_as, nudged=e.nudged)
             own.append(c)
             earlier.append(c)
         out.append(replace(m, constants=tuple(own)))
@@ -297,9 +300,12 @@ def _valued(c: Constant, f: _Form, earlier: list[Constant]) -> Constant:
 def _looks_alike(a: Constant, b: Constant) -> bool:
     """Whether two drawn constants hold tensors that differ but look alike to a check of less than their
     content (pytest_ptn.check.explain.looks_alike): zeros of one size under two dtypes or shapes, one draw
-    nudged apart, one bit pattern under two dtypes."""
+    nudged apart, one bit pattern under two dtypes; or zeros beside a tensor of their dtype and shape, which
+    a by-name binding of the zeros could not tell from zero-filling."""
     if a.shape != b.shape and not (_zeros(a) and _zeros(b)):
         return False
+    if _zeros(a) != _zeros(b):  # binding the zeros in the other's place is zero-filling it
+        return (a.dtype, a.shape) == (b.dtype, b.shape)
     if _zeros(a) and _zeros(b):
         size = [ELEMENT_SIZES[c.dtype] * _numel(c.shape) for c in (a, b)]
         return size[0] == size[1] and (a.dtype, a.shape) != (b.dtype, b.shape)

@@ -370,14 +370,15 @@ class TrustsCachedNames(_WithLoader):
     loaded = _TrustsNamesLoaded
 
 
-_PROCESS_WIDE: dict[str, torch.Tensor] = {}
+PROCESS_WIDE: dict[str, torch.Tensor] = {}
+"""ProcessWideByName's constants, by final name: module-level, as long-lived as the process, never cleared."""
 
 
 class _ProcessWideLoaded(ReferenceLoaded):
     def bind(self, method: str, key: str, final: str) -> torch.Tensor:
-        if final not in _PROCESS_WIDE:
-            _PROCESS_WIDE[final] = super().bind(method, key, final)
-        return _PROCESS_WIDE[final]
+        if final not in PROCESS_WIDE:
+            PROCESS_WIDE[final] = super().bind(method, key, final)
+        return PROCESS_WIDE[final]
 
 
 class ProcessWideByName(_WithLoader):

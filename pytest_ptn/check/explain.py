@@ -120,6 +120,39 @@ def explaining_error(
     return None
 
 
+def leaked_replay(
+    first: Mapping[str, torch.export.ExportedProgram],
+    second: Mapping[str, torch.export.ExportedProgram],
+    mutable: set[str],
+    sequence: Sequence[Call],
+) -> Replay | None:
+    """What the ``second`` program (other tensors under the same names) gives on ``sequence`` with each of
+    its methods bound to the ``first`` program's tensors of the same name, or what it raises: a loader
+    whose cache outlives its program and is keyed by name (by-name across programs, S4). None where no
+    name holds other content in the two."""
+    modules = exported_eager(second, mutable)
+    bound = []
+    for method, ep in second.items():
+        theirs = constants_of(first[method]) if method in first else {}
+        for key, use in constants_of(ep).items():
+            t = theirs[key].tensor if key in theirs else None
+            if key in mutable or t is None or not _plain(t) or same_content(t, use.tensor):
+                continue
+            set_tensor(modules[method], key, t.clone())
+            bound.append(f"{method!r}'s {key!r}")
+    if not bound:
+        return None
+    how = (Mechanism(Kind.BY_NAME, Role.CONSTANT, f"the second program read the first's {', '.join(bound)}"),)
+    label = "the first program's tensors of the same names"
+    outputs: list[list[torch.Tensor]] = []
+    try:
+        for name, args in sequence:
+            outputs.append(flat(modules[name](*copy.deepcopy(args))))
+    except Exception as e:
+        return Replay(f"what {label} raise", [], how, e, len(outputs))
+    return Replay(f"what {label} give", outputs, how)
+
+
 def faulty_replays(
     fresh: Mapping[str, torch.export.ExportedProgram], mutable: set[str], sequence: Sequence[Call]
 ) -> Replays:
@@ -185,7 +218,7 @@ def _faults(
     under another name (``lookalike``), a private copy of shared state, two buffers in one memory (the
     smaller at the start of the larger), state or a buffer no method writes that starts zero-filled (its
     initial value lost, as a non-persistent buffer's is when a lowering ships no data for it), and so does
-    a constant whose name several methods hold (lost where lowering merged them)."""
+    any constant."""
 
     def role(key: str) -> Role:
         return Role.STATE if key in mutable else Role.BUFFER if key in buffers else Role.CONSTANT
@@ -220,11 +253,10 @@ def _faults(
                 f"buffers {key!r} and {other!r} in one memory",
                 partial(_bind_one_memory, key, other),
             )
-    held = [key for c in constants.values() for key in c if key not in mutable]
-    colliding = sorted(key for key in set(held) if held.count(key) > 1 and key not in buffers)
-    # every buffer (a non-persistent one ships no data where a lowering treats it as state); a constant only
-    # where its name collides: lowering merged them
-    for key in [*states, *sorted(buffers - mutable), *colliding]:
+    held = {key for c in constants.values() for key in c if key not in mutable}
+    # every buffer (a non-persistent one ships no data where a lowering treats it as state), then every
+    # constant (lowering merged same-named ones; a loader copied data for some dtypes only)
+    for key in [*states, *sorted(buffers - mutable), *sorted(held - buffers)]:
         yield _Fault(
             Mechanism(Kind.ZERO_FILLED, role(key), repr(key)),
             f"{key!r} starting zero-filled",
@@ -247,6 +279,7 @@ def _lookalikes(
         for key, use in sorted(theirs.items())
         if key not in mutable and _plain(use.tensor)
     ]
+    first: list[_Fault] = []  # each key's first lookalike: a cache keyed on less than content takes them all
     for key, use in sorted(constants[method].items()):
         if key in mutable or not _plain(use.tensor):
             continue
@@ -256,7 +289,7 @@ def _lookalikes(
             if theirs == key or content in seen or not looks_alike(use.tensor, t):
                 continue
             seen.add(content)
-            yield _Fault(
+            fault = _Fault(
                 Mechanism(
                     Kind.LOOKALIKE,
                     role(key),
@@ -265,6 +298,15 @@ def _lookalikes(
                 f"method {other!r}'s {theirs!r} in place of {method!r}'s {key!r}",
                 partial(_bind_other, method, key, t),
             )
+            if len(seen) == 1:
+                first.append(fault)
+            yield fault
+    if len(first) > 1:
+        yield _Fault(
+            Mechanism(Kind.LOOKALIKE, first[0].mechanism.of, "; ".join(f.mechanism.detail for f in first)),
+            " and ".join(f.label for f in first),
+            lambda modules: all(f.bind(modules) for f in first),
+        )
 
 
 NEAR = 4
