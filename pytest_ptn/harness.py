@@ -282,7 +282,7 @@ class Case:
         what the backend computes for each method alone (E1, E3, E4, E5), where it differs from eager."""
         calls = calls if calls is not None else self.eager()
         ran = self.run_calls(loaded, calls, schedule, state)
-        found = self.mismatches(calls, ran)
+        found = self.mismatches(calls, ran, schedule)
         return self.attributed(found, calls, ran, schedule) if found else found
 
     def attributed(
@@ -317,7 +317,9 @@ class Case:
             out.append(dataclasses.replace(m, detail=f"{m.detail}; {witness.says(same, eager)}"))
         return out
 
-    def mismatches(self, calls: list[EagerCall], ran: list[Ran]) -> list[Mismatch]:
+    def mismatches(
+        self, calls: list[EagerCall], ran: list[Ran], schedule: LoadSchedule = LoadSchedule.UP_FRONT
+    ) -> list[Mismatch]:
         """Each output, mutated input and (where ``ran`` has it) buffer that differs from eager
         (pytest_ptn.instruments.comparison) and from what the method alone gives on this backend: an
         isolation defect. A difference the method alone shows too is its arithmetic, accuracy's business
@@ -330,7 +332,7 @@ class Case:
         if not deviations:
             self.found += [m for mismatch in mismatches for m in mismatch.mechanisms]
             return mismatches
-        details, explained = self._explained(deviations, calls, ran)
+        details, explained = self._explained(deviations, calls, ran, schedule)
         forced = {call for call, how in explained.items() if any(isolation_only(m) for m in how)}
         planned = self._planned_together(calls, [d for d in deviations if d.call not in explained])
         apart = self._other_than_on_its_own(calls, [d for d in deviations if d.call in planned])
@@ -475,7 +477,7 @@ class Case:
         return out
 
     def _explained(
-        self, deviations: list[Deviation], calls: list[EagerCall], ran: list[Ran]
+        self, deviations: list[Deviation], calls: list[EagerCall], ran: list[Ran], schedule: LoadSchedule
     ) -> tuple[list[str], dict[int, tuple[Mechanism, ...]]]:
         """Each deviation's detail, and the calls whose wrong values a faulty binding accounts for: another
         method's same-named tensor, a private copy of shared state, two buffers in one memory
@@ -493,11 +495,13 @@ class Case:
                 explained[d.call] = (how,)
         wrong = {d.call: calls[d.call].method for d in deviations if d.kind == "output"}
         wrong = {call: method for call, method in wrong.items() if call not in explained}
-        replays = self._bindings(calls, ran, wrong) if wrong else {}
+        from pytest_ptn.check.explain import mechanisms_of
+
+        replays = self._bindings(calls, ran, wrong, schedule) if wrong else {}
         for i, d in enumerate(deviations):
             if d.kind == "output" and d.call in replays:
-                details[i] += f"; it equals {replays[d.call].label}"
-        return details, explained | {call: replay.mechanisms for call, replay in replays.items()}
+                details[i] += f"; it equals {' and '.join(r.label for r in replays[d.call])}"
+        return details, explained | {call: mechanisms_of(found) for call, found in replays.items()}
 
     def _may_read(self, method: str, d: Deviation) -> Callable[[str], bool]:
         """Whether deviation ``d`` of ``method`` can be a value of tensor ``key``: the buffer itself, or an
@@ -518,11 +522,38 @@ class Case:
             return Role.BUFFER
         return Role.CONSTANT
 
-    def _bindings(self, calls: list[EagerCall], ran: list[Ran], wrong: dict[int, str]) -> dict[int, Replay]:
-        """What a faulty binding gives for each call of ``wrong`` it accounts for (check.explain)."""
+    def _bindings(
+        self, calls: list[EagerCall], ran: list[Ran], wrong: dict[int, str], schedule: LoadSchedule
+    ) -> dict[int, tuple[Replay, ...]]:
+        """What faulty bindings give for each call of ``wrong`` they account for (check.explain)."""
         from pytest_ptn.check.explain import explanations
 
-        return explanations(self.replays(calls), [r.outputs for r in ran], wrong)
+        replays = self.replays(calls)
+        late = (
+            self._late_only(calls, ran, wrong)
+            if schedule is LoadSchedule.AT_FIRST_CALL and any(r.schedule for r in replays)
+            else set()
+        )
+        eager = [c.outputs for c in calls]
+        return explanations(replays, [r.outputs for r in ran], wrong, schedule, late, eager)
+
+    def _late_only(self, calls: list[EagerCall], ran: list[Ran], wrong: dict[int, str]) -> set[int]:
+        """The calls of ``wrong`` (run with each method loaded at its first call) whose values a fresh load
+        of every method up front does not give: what loading a method late did, a fault of loading."""
+        from pytest_ptn.instruments.comparison import equal
+
+        try:
+            up_front = self.run_calls(self.load(), calls, LoadSchedule.UP_FRONT)
+        except Exception:  # no evidence either way
+            return set()
+        return {
+            call
+            for call in wrong
+            if not (
+                len(theirs := up_front[call].outputs) == len(ours := ran[call].outputs)
+                and all(map(equal, ours, theirs))
+            )
+        }
 
     def replays(self, calls: list[EagerCall] | None = None) -> Replays:
         """The faulty-binding replays of ``calls`` (by default the case's sequence), made once for every test
@@ -562,7 +593,7 @@ class Case:
             pytest.skip(not_applicable(f"the program does not run: {type(e).__name__}: {e}"))
         deviations, _ = self._deviations(calls, ran)
         if deviations:  # a value a faulty binding explains is isolation's, whatever the method alone gives
-            _, explained = self._explained(deviations, calls, ran)
+            _, explained = self._explained(deviations, calls, ran, LoadSchedule.UP_FRONT)
             forced = {call for call, how in explained.items() if any(isolation_only(m) for m in how)}
             deviations = [d for d in deviations if d.call not in forced]
         if not deviations:

@@ -26,6 +26,10 @@ class Kind(enum.StrEnum):
     """A method has its own copy of state the program shares: the other methods' writes never reach it."""
     ZERO_FILLED = "zero-filled"
     """A tensor starts zero-filled, not from its initial value (no data shipped for it)."""
+    REINITIALISED = "reinitialised"
+    """Shared state goes back to its initial value when a method loads after others ran: the load copies
+    the method's initial values into the one allocation the program shares (executorch's ``load_method``
+    with ``share_mutable_buffers``, https://github.com/pytorch/executorch/issues/21958)."""
     ONE_MEMORY = "one-memory"
     """Two buffers live in one memory: a write to one changes the other."""
     WRITE_RETURNED = "write-returned"
@@ -33,8 +37,9 @@ class Kind(enum.StrEnum):
     dropped the buffer its method writes without reading)."""
     LOOKALIKE = "lookalike"
     """A method read another tensor that looks like its own but is not, whatever its name: the same bytes
-    under another dtype or shape, or equal but for a few elements (a dedupe or a cache keyed on less than
-    the full content: bytes without their dtype, a digest of a prefix, closeness)."""
+    under another dtype or shape, equal but for a few elements, or only of the same dtype and shape (a
+    dedupe or a cache keyed on less than the full content: bytes without their dtype, a digest of a prefix,
+    closeness, metadata alone)."""
     SHARED_ARENA = "shared-arena"
     """A buffer's planned memory is also used by another method's tensors (the lowered program's memory
     plan says so): what that method leaves there is what the buffer reads."""
@@ -74,6 +79,7 @@ LISTABLE_VALUE_KINDS = (
     Kind.BY_NAME,
     Kind.LOOKALIKE,
     Kind.PRIVATE_COPY,
+    Kind.REINITIALISED,
     Kind.ZERO_FILLED,
     Kind.ONE_MEMORY,
     Kind.WRITE_RETURNED,

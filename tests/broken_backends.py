@@ -617,14 +617,15 @@ BROKEN["P10"] = InPlaceSave
 
 
 class _ReinitOnLoadLoaded(ReferenceLoaded):
-    """Every method load copies the initial values into the shared state again (executorch 1.5.1
-    ``load_method`` with ``share_mutable_buffers``): harmless when every method loads before the first
-    call."""
+    """Every method load copies the method's initial values into the state the program shares again
+    (executorch 1.5.1 ``load_method`` with ``share_mutable_buffers``): harmless when every method loads
+    before the first call."""
 
     def load_method(self, method: str) -> None:
         if method not in self._bound:
-            for key, initial in self._initial_state().items():
-                self._state[key].copy_(initial)
+            for item in self._constants(method):
+                if item["final"] in self._state:
+                    self._state[item["final"]].copy_(self.package_tensor(item["final"]))
         super().load_method(method)
 
 

@@ -54,10 +54,13 @@ def warm_torch() -> None:
     from pytest_ptn.harness import Case
     from pytest_ptn.programs.catalogue import BY_NAME
 
-    with tempfile.TemporaryDirectory() as tmp:
-        case = Case(ReferenceBackend(), BY_NAME["cond_constants"], lambda name: Path(tmp))
-        case.run_sequence(case.load())
-        case.exported()
+    # torchao's weights import modules that register operators: imported again after a run dropped them,
+    # they raise "duplicate registrations" or "Only a single TORCH_LIBRARY can be used"
+    for scenario in ("cond_constants", "torchao_int8_weights"):
+        with tempfile.TemporaryDirectory() as tmp:
+            case = Case(ReferenceBackend(), BY_NAME[scenario], lambda name: Path(tmp))
+            case.run_sequence(case.load())
+            case.exported()
 
 
 @pytest.fixture(autouse=True)

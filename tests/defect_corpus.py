@@ -209,7 +209,7 @@ CORPUS: tuple[Defect, ...] = (
         "state re-initialised on method load (share_mutable_buffers)",
         "load_method copies initial values into the shared buffer again: "
         "https://github.com/pytorch/executorch/pull/21958",
-        frozenset({Kind.PRIVATE_COPY}),
+        frozenset({Kind.REINITIALISED}),
         (EXECUTION, "-k", "matches_eager and kv_cache_in_fp16-at_first_call"),
     ),
     Defect(

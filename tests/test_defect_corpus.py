@@ -28,7 +28,9 @@ def test_corpus_holds_twelve_defects_each_with_its_kinds_and_selection() -> None
 
 
 @pytest.mark.parametrize("defect", [_param(d) for d in CORPUS])
-def test_ci_catches_defect_by_its_mechanism(defect: Defect, pytester: pytest.Pytester) -> None:
+def test_ci_catches_defect_by_its_mechanism(
+    defect: Defect, pytester: pytest.Pytester, warm_torch: None
+) -> None:
     PROCESS_WIDE.clear()  # a fresh process's: what an earlier test of this one left is no program's here
     result = pytester.runpytest_inprocess(
         *defect.ci_args(suite_path()), defect.option, "--ptn-no-expectations", "-p", "no:cacheprovider"

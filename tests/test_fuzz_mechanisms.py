@@ -285,3 +285,83 @@ def test_an_error_no_binding_reproduces_keeps_its_message_key(tmp_path: Path, wa
 
     verdict = judge(Refuses(), _two_dtypes_one_name(), tmp_path)
     assert verdict.keys == ["error:running:RuntimeError: kernel for … missing: code NxN"]
+
+
+def _two_integers_read_together() -> ProgramSpec:
+    from pytest_ptn.spec import Constant, Method
+
+    return ProgramSpec(
+        methods=(
+            Method("prefill", (Constant("w", "parameter"),), reads=("w",)),
+            Method(
+                "forward",
+                (
+                    Constant("w", "attribute", "float16"),
+                    Constant("_tensor_constant0", "literal", "int32", (16,)),
+                    Constant("weight", "buffer", "int16"),
+                ),
+                reads=("w", "_tensor_constant0", "weight"),
+            ),
+        ),
+        calls=("prefill", "forward"),
+    )
+
+
+def test_each_wrong_value_may_be_another_fault_s(tmp_path: Path, warm_torch: None) -> None:
+    """A loader that zero-fills every integer constant: one call reads two of them, and no single binding
+    gives both values; each wrong value is one replay's (a zero-filled constant and a zero-filled buffer),
+    so the call is explained, not ``unexplained`` (the nightly's 17 programs of 50 before)."""
+    from defect_corpus import IntegerConstantsZeroFilled
+
+    from pytest_ptn.fuzzing.verdict import judge
+
+    verdict = judge(IntegerConstantsZeroFilled(), _two_integers_read_together(), tmp_path)
+    assert verdict.keys == ["zero-filled:buffer", "zero-filled:constant"], verdict.message
+
+
+def test_a_metadata_only_cache_is_lookalike_or_by_name_never_unexplained(
+    tmp_path: Path, warm_torch: None
+) -> None:
+    """A cache keyed by dtype, shape and strides (PR #21959's check) hands a method the first tensor of its
+    metadata, whatever its name: under another name that is ``lookalike`` (a check of less than the
+    content), under the same name ``by-name``."""
+    from broken_backends import MetadataOnly
+
+    from pytest_ptn.fuzzing.verdict import judge
+    from pytest_ptn.spec import Constant, Method
+
+    spec = ProgramSpec(
+        methods=(
+            Method("prefill", (Constant("a", "parameter", seed=1),), reads=("a",)),
+            Method("decode", (Constant("b", "parameter", seed=2),), reads=("b",)),
+        ),
+        calls=("prefill", "decode"),
+    )
+    verdict = judge(MetadataOnly(), spec, tmp_path)
+    assert verdict.keys == ["lookalike:constant"], verdict.message
+
+
+def test_state_put_back_by_a_late_load_is_reinitialised_not_a_private_copy(
+    tmp_path: Path, warm_torch: None
+) -> None:
+    """State a method's late load puts back to its initial value (executorch#21958) reads like a private
+    copy on the loading method's first call; loading every method up front gives the right value, and the
+    method that wrote before reads its own write no more, so the replay of that load schedule names it:
+    one mechanism, ``reinitialised:state``. A private copy stays one."""
+    from broken_backends import ReinitOnLateLoad, StateCopiedPerMethod
+
+    from pytest_ptn.harness import Case
+    from pytest_ptn.programs.catalogue import BY_NAME
+    from pytest_ptn.schedule import LoadSchedule
+
+    def keys(backend: ReferenceBackend, schedule: LoadSchedule) -> set[str]:
+        workdir = tmp_path / f"{backend.name}-{schedule.value}"
+        workdir.mkdir()
+        case = Case(backend, BY_NAME["kv_cache_in_fp16"], lambda name: workdir)
+        found = case.run_sequence(case.load(), schedule=schedule)
+        return {m.key for mismatch in found for m in mismatch.mechanisms}
+
+    assert keys(ReinitOnLateLoad(), LoadSchedule.AT_FIRST_CALL) == {"reinitialised:state"}
+    assert keys(ReinitOnLateLoad(), LoadSchedule.UP_FRONT) == set()
+    assert keys(StateCopiedPerMethod(), LoadSchedule.AT_FIRST_CALL) == {"private-copy:state"}
+    assert keys(StateCopiedPerMethod(), LoadSchedule.UP_FRONT) == {"private-copy:state"}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import NamedTuple
@@ -22,6 +22,7 @@ from pytest_ptn.mechanisms import Kind, Mechanism, Role, without_names
 from pytest_ptn.programs.exported import constants_of, mutable_keys
 from pytest_ptn.programs.source import UserProgram, exported_eager, find_tensor, set_tensor
 from pytest_ptn.reference.planner import ConstantUse
+from pytest_ptn.schedule import LoadSchedule
 
 Modules = dict[str, torch.nn.Module]
 
@@ -51,15 +52,16 @@ def explain(
     names = list(program.methods)
     out = []
     for f in findings:
-        replay = (
-            explained.get(f.call)
+        found = (
+            explained.get(f.call, ())
             if f.rule == "E1" and f.stage == Stage.COMPARE and f.call is not None
-            else None
+            else ()
         )
         if f in errors:
-            replay = explaining_error(replays, f.mechanisms[0], f.call, names)
-        if replay is not None:
-            f = dataclasses.replace(f, explanation=replay.label, mechanisms=replay.mechanisms)
+            raising = explaining_error(replays, f.mechanisms[0], f.call, names)
+            found = (raising,) if raising is not None else ()
+        if found:
+            f = dataclasses.replace(f, explanation=_label(found), mechanisms=mechanisms_of(found))
         out.append(f)
     return out
 
@@ -76,24 +78,96 @@ class Replay(NamedTuple):
     """What the program raised when bound this way."""
     raised_at: int | None = None
     """The call that raised it."""
+    schedule: LoadSchedule | None = None
+    """The load schedule the replay models (a fault of loading itself); None: what any schedule gives."""
 
 
 Replays = list[Replay]
 
 
 def explanations(
-    replays: Replays, returned: Sequence[Sequence[torch.Tensor]], wrong: Mapping[int, str]
-) -> dict[int, Replay]:
-    """For each wrong call (``wrong``: call -> its method) whose outputs, ``returned`` by the backend, a
-    faulty binding accounts for: the first replay that gives them (single faults before pairs)."""
-    explained: dict[int, Replay] = {}
+    replays: Replays,
+    returned: Sequence[Sequence[torch.Tensor]],
+    wrong: Mapping[int, str],
+    schedule: LoadSchedule | None = None,
+    late_only: Collection[int] = (),
+    eager: Sequence[Sequence[torch.Tensor]] | None = None,
+) -> dict[int, tuple[Replay, ...]]:
+    """For each wrong call (``wrong``: call -> its method) whose outputs, ``returned`` by the backend with
+    its methods loaded as ``schedule`` says, faulty bindings account for: the replays that give them. With
+    ``eager``'s outputs, each wrong element of a call may be another replay's (a loader that zero-fills two
+    constants, each replay zero-filling one); without, a replay gives the whole call. The replay that
+    accounts for most of what is wrong names all of it, then the one that accounts for most of the rest:
+    one bug that shows on several calls is one mechanism, not the first of several that each fit some
+    call. A replay of a fault of loading (``Replay.schedule``) accounts only for the calls of ``late_only``,
+    whose values loading every method up front does not give, and is taken first where it accounts for as
+    much as another; otherwise single faults come before pairs."""
+    items = {call: _wrong_elements(call, returned[call], eager[call] if eager else None) for call in wrong}
+    fits: list[tuple[Replay, set[tuple[int, int, int]]]] = []
     for replay in replays:
-        if replay.error is not None:
+        if replay.error is not None or replay.schedule not in (None, schedule):
             continue
-        for call in wrong:
-            if call not in explained and _same(list(returned[call]), replay.outputs[call]):
-                explained[call] = replay
-    return explained
+        candidates = [c for c in wrong if c in late_only] if replay.schedule else list(wrong)
+        given = {
+            item
+            for call in candidates
+            for item in _given(returned[call], replay.outputs[call], call)
+            if item in items[call]
+        }
+        if given:
+            fits.append((replay, given))
+    chosen: dict[tuple[int, int, int], Replay] = {}
+    while fits:
+        replay, given = max(fits, key=lambda fit: (len(fit[1]), fit[0].schedule is not None))
+        chosen |= dict.fromkeys(given, replay)
+        fits = [(r, rest) for r, g in fits if (rest := g - given)]
+    return {
+        call: tuple({id(r): r for r in (chosen[item] for item in sorted(wanted))}.values())
+        for call, wanted in items.items()
+        if wanted and wanted <= chosen.keys()
+    }
+
+
+def _wrong_elements(
+    call: int, have: Sequence[torch.Tensor], want: Sequence[torch.Tensor] | None
+) -> set[tuple[int, int, int]]:
+    """The elements (call, output, flat index) of ``call``'s outputs ``have`` that differ from eager's
+    (``want``), or one item for the whole call (call, -1, -1) where eager's are not given or not of the
+    same shapes."""
+    from pytest_ptn.instruments.comparison import close
+
+    if want is None or [h.shape for h in have] != [w.shape for w in want]:
+        return {(call, -1, -1)}
+    return {
+        (call, output, int(i))
+        for output, (h, w) in enumerate(zip(have, want, strict=True))
+        for i in (~close(h, w)).reshape(-1).nonzero().reshape(-1).tolist()
+    }
+
+
+def _given(
+    have: Sequence[torch.Tensor], replayed: Sequence[torch.Tensor], call: int
+) -> Iterator[tuple[int, int, int]]:
+    """The items of ``_wrong_elements`` whose values the replay gives as the backend did."""
+    from pytest_ptn.instruments.comparison import close
+
+    if _same(list(have), list(replayed)):
+        yield (call, -1, -1)
+    if len(have) != len(replayed):
+        return
+    for output, (h, r) in enumerate(zip(have, replayed, strict=True)):
+        if h.shape == r.shape:
+            for i in close(h, r).reshape(-1).nonzero().reshape(-1).tolist():
+                yield (call, output, int(i))
+
+
+def _label(replays: Sequence[Replay]) -> str:
+    return ", ".join(r.label for r in replays)
+
+
+def mechanisms_of(replays: Sequence[Replay]) -> tuple[Mechanism, ...]:
+    """The mechanisms of ``replays``, each once."""
+    return tuple(dict.fromkeys(m for r in replays for m in r.mechanisms))
 
 
 def explaining_error(
@@ -108,7 +182,7 @@ def explaining_error(
     raising = [
         (r, f"{type(r.error).__name__}: {str(r.error).strip().splitlines()[0].strip()}")
         for r in replays
-        if r.error is not None and str(r.error).strip() and call in (None, r.raised_at)
+        if r.error is not None and str(r.error).strip() and call in (None, r.raised_at) and r.schedule is None
     ]
     # the binding that raises the very message first (it names the tensors as the backend did), then one
     # that raises it but for what varies
@@ -165,8 +239,11 @@ def faulty_replays(
     base = exported_eager(fresh, mutable)
     constants = {m: constants_of(ep) for m, ep in fresh.items()}
     buffers = {key for ep in fresh.values() for key in ep.graph_signature.buffers}
-    faults = list(_faults(base, constants, mutable, buffers, {name for name, _ in sequence}))
-    state_faults = [f for f in faults if f.mechanism.of == Role.STATE]
+    names = [name for name, _ in sequence]
+    late_loads = LoadSchedule.AT_FIRST_CALL.loads(list(fresh), names)
+    late = {name for i, name in enumerate(names) if i and late_loads[i]}
+    faults = list(_faults(base, constants, mutable, buffers, set(names), late))
+    state_faults = [f for f in faults if f.mechanism.of == Role.STATE and f.on_load is None]
     pairs = [
         (first, second)
         for i, first in enumerate(state_faults)
@@ -180,14 +257,19 @@ def faulty_replays(
             continue
         label = " and ".join(f.label for f in chosen)
         how = tuple(f.mechanism for f in chosen)
+        on_load = [f.on_load for f in chosen if f.on_load is not None]
+        schedule = LoadSchedule.AT_FIRST_CALL if on_load else None
         outputs: list[list[torch.Tensor]] = []
         try:
-            for name, args in sequence:
+            for i, (name, args) in enumerate(sequence):
+                for loading in late_loads[i] if i else ():
+                    for hook in on_load:
+                        hook(loading, modules)
                 outputs.append(flat(modules[name](*copy.deepcopy(args))))
         except Exception as e:
-            out.append(Replay(f"what {label} raises", [], how, e, len(outputs)))
+            out.append(Replay(f"what {label} raises", [], how, e, len(outputs), schedule))
             continue
-        out.append(Replay(f"what {label} would give", outputs, how))
+        out.append(Replay(f"what {label} would give", outputs, how, schedule=schedule))
     return out
 
 
@@ -199,9 +281,19 @@ class _Fault:
     mechanism: Mechanism
     label: str
     bind: Callable[[Modules], bool]
+    on_load: Callable[[str, Modules], None] | None = None
+    """What loading a method after others ran does to the bound modules (a fault of loading: its replay
+    models the at-first-call schedule)."""
 
 
-_ORDER = {Kind.BY_NAME: 0, Kind.LOOKALIKE: 0, Kind.PRIVATE_COPY: 1, Kind.ONE_MEMORY: 2, Kind.ZERO_FILLED: 3}
+_ORDER = {
+    Kind.BY_NAME: 0,
+    Kind.LOOKALIKE: 0,
+    Kind.PRIVATE_COPY: 1,
+    Kind.REINITIALISED: 1,
+    Kind.ONE_MEMORY: 2,
+    Kind.ZERO_FILLED: 3,
+}
 """The order two faults bind in: memory first, then what it starts from (zero-filling one of two buffers
 in one memory zero-fills both)."""
 
@@ -212,13 +304,15 @@ def _faults(
     mutable: set[str],
     buffers: set[str],
     methods: set[str],
+    late: set[str],
 ) -> Iterator[_Fault]:
     """Every faulty binding of the program: another method's same-named constant (of any dtype and shape:
     one the method's graph refuses explains an error), another tensor that looks like the method's own
     under another name (``lookalike``), a private copy of shared state, two buffers in one memory (the
     smaller at the start of the larger), state or a buffer no method writes that starts zero-filled (its
     initial value lost, as a non-persistent buffer's is when a lowering ships no data for it), and so does
-    any constant."""
+    any constant; and state put back to its initial value when a method of ``late`` (loaded at its first
+    call, after others ran) loads."""
 
     def role(key: str) -> Role:
         return Role.STATE if key in mutable else Role.BUFFER if key in buffers else Role.CONSTANT
@@ -262,6 +356,17 @@ def _faults(
             f"{key!r} starting zero-filled",
             partial(_bind_zeroed, key),
         )
+    reset = {m: sorted(mutable & set(constants[m])) for m in sorted(late & set(constants))}
+    reset = {m: keys for m, keys in reset.items() if keys}
+    if reset:
+        initial = {key: t.detach().clone() for key in states if (t := find_tensor(base, key)) is not None}
+        said = "; ".join(f"loading {m}() put {', '.join(map(repr, keys))} back" for m, keys in reset.items())
+        yield _Fault(
+            Mechanism(Kind.REINITIALISED, Role.STATE, said),
+            "state put back to its initial value when a method loads after others ran",
+            lambda modules: True,
+            partial(_reinitialise, reset, initial),
+        )
 
 
 def _lookalikes(
@@ -271,8 +376,9 @@ def _lookalikes(
     role: Callable[[str], Role],
 ) -> Iterator[_Fault]:
     """Each other immutable tensor of the program, under another name, that looks like one of ``method``'s
-    own (``looks_alike``), bound in its place: what a cache keyed on less than the full content gives. One
-    fault per distinct content; a same-named one is the by-name fault's."""
+    own (``looks_alike``) or has its dtype and shape (``same_metadata``), bound in its place: what a cache
+    keyed on less than the full content gives. One fault per distinct content; a same-named one is the
+    by-name fault's."""
     others = [
         (other, key, use.tensor)
         for other, theirs in sorted(constants.items())
@@ -284,9 +390,14 @@ def _lookalikes(
         if key in mutable or not _plain(use.tensor):
             continue
         seen: set[tuple[torch.dtype, tuple[int, ...], str]] = set()
+        close = 0
         for other, theirs, t in others:
             content = (t.dtype, tuple(t.shape), digest(t))
-            if theirs == key or content in seen or not looks_alike(use.tensor, t):
+            if (
+                theirs == key
+                or content in seen
+                or not (looks_alike(use.tensor, t) or same_metadata(use.tensor, t))
+            ):
                 continue
             seen.add(content)
             fault = _Fault(
@@ -298,8 +409,10 @@ def _lookalikes(
                 f"method {other!r}'s {theirs!r} in place of {method!r}'s {key!r}",
                 partial(_bind_other, method, key, t),
             )
-            if len(seen) == 1:
-                first.append(fault)
+            if looks_alike(use.tensor, t):
+                close += 1
+                if close == 1:
+                    first.append(fault)
             yield fault
     if len(first) > 1:
         yield _Fault(
@@ -325,6 +438,12 @@ def looks_alike(mine: torch.Tensor, theirs: torch.Tensor) -> bool:
         return mine.nbytes == theirs.nbytes and bytes(tensor_bytes(mine)) == bytes(tensor_bytes(theirs))
     differ = int((mine.reshape(-1) != theirs.reshape(-1)).sum())
     return 0 < differ <= max(min(3, mine.numel() - 1), mine.numel() // NEAR)
+
+
+def same_metadata(mine: torch.Tensor, theirs: torch.Tensor) -> bool:
+    """Whether ``theirs`` has the dtype and shape of ``mine`` but other content: what a check of metadata
+    alone takes for the same tensor (executorch PR #21959's cache compares dtype, sizes and strides)."""
+    return (mine.dtype, mine.shape) == (theirs.dtype, theirs.shape) and not same_content(mine, theirs)
 
 
 def _bind_other(method: str, key: str, theirs: torch.Tensor, modules: Modules) -> bool:
@@ -353,6 +472,18 @@ def _bind_one_memory(key: str, other: str, modules: Modules) -> bool:
         if find_tensor({"": module}, other) is not None:
             set_tensor(module, other, inner)
     return True
+
+
+def _reinitialise(
+    reset: Mapping[str, Sequence[str]], initial: Mapping[str, torch.Tensor], method: str, modules: Modules
+) -> None:
+    """``method`` loads: its state (``reset``) takes its ``initial`` values again, in the one tensor every
+    method shares."""
+    with torch.no_grad():
+        for key in reset.get(method, ()):
+            t = find_tensor(modules, key)
+            if t is not None and key in initial:
+                t.copy_(initial[key])
 
 
 def _bind_zeroed(key: str, modules: Modules) -> bool:

@@ -27,6 +27,7 @@ BY_NAME = "constants shared by name"
 LOOKALIKE = "constants shared by less than their content"
 PRIVATE_STATE = "state copied per method"
 ZERO_FILLED = "tensor starts zero-filled"
+REINITIALISED = "state re-initialised on load"
 ONE_MEMORY = "buffers in one memory"
 SHARED_ARENA = "state in another method's memory"
 WRITE_RETURNED = "state write returned as an output"
@@ -57,6 +58,11 @@ _CAUSES: dict[Kind, tuple[str, str]] = {
         PRIVATE_STATE,
         "each method gets a private copy of the state the program shares: a write by one method is not seen "
         "by the others (e.g. {detail})",
+    ),
+    Kind.REINITIALISED: (
+        REINITIALISED,
+        "loading a method after others ran puts the state the program shares back to its initial value: "
+        "the load copies initial values into the one shared allocation (e.g. {detail})",
     ),
     Kind.ZERO_FILLED: (
         ZERO_FILLED,
