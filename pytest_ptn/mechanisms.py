@@ -12,9 +12,12 @@ from __future__ import annotations
 import enum
 import json
 import re
+import signal
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from pytest_ptn.instruments.process_end import Ending, ProcessEnd
 
 
 class Kind(enum.StrEnum):
@@ -163,13 +166,20 @@ MESSAGE_IN_KEY = 120
 """How much of an exception's message a key keeps: enough to tell errors of one type apart."""
 
 
-def crashed(step: Step, how: str, detail: str = "") -> Mechanism:
-    """A process that died (``how``: ``killed by SIGSEGV``) or hung (``how``: ``hung``) at ``step``;
-    ``detail``, for people, is ``how`` unless given."""
-    if how == "hung":
-        return Mechanism(Kind.HANG, step, detail)
-    signal = re.search(r"SIG[A-Z0-9]+|status -?\d+", how)
-    return Mechanism(Kind.CRASH, f"{step}:{without_names(signal[0] if signal else how)}", detail or how)
+def crashed(step: Step, end: ProcessEnd, detail: str = "") -> Mechanism:
+    """A process that died at ``step`` as ``end`` says (its key: the signal's name, ``status`` or ``no
+    report``, never a number); ``detail``, for people, is how it ended unless given."""
+    return Mechanism(Kind.CRASH, f"{step}:{end.key}", detail or str(end))
+
+
+def hung(step: Step, detail: str = "") -> Mechanism:
+    """A process that made no progress at ``step`` within the run's limit."""
+    return Mechanism(Kind.HANG, step, detail)
+
+
+def _crash_of(of: str) -> bool:
+    step, _, end = of.partition(":")
+    return step in set(Step) and (end in set(Ending) or end in signal.Signals.__members__)
 
 
 def without_names(message: str, names: Iterable[str] = ()) -> str:
@@ -218,6 +228,11 @@ def check_key(key: str) -> str:
         raise MechanismKeyError(f"unknown mechanism {key!r} (one of {tensors})")
     if kind not in LISTABLE_VALUE_KINDS and not of:
         raise MechanismKeyError(f"mechanism {key!r} names no step or exception type")
+    if kind == Kind.CRASH and not _crash_of(of):
+        raise MechanismKeyError(
+            f"mechanism {key!r} is not how a process ended: its key is crash:<step>:<end>, the step one of "
+            f"{', '.join(Step)}, the end a signal's name (SIGSEGV) or one of {', '.join(Ending)}"
+        )
     if kind not in LISTABLE_VALUE_KINDS and without_names(of) != of:
         raise MechanismKeyError(
             f"mechanism {key!r} holds what varies between programs (a number, a name, a dtype or a shape): "

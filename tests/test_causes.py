@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
 from pathlib import Path
 
 import pytest
 
+from pytest_ptn.instruments.process_end import ProcessEnd
 from pytest_ptn.mechanisms import Kind, Mechanism, Role, Step, crashed, raised
 from pytest_ptn.reporting import cause_views, causes, render, results
 from pytest_ptn.reporting.results import FAIL, PASS, XPASS, Result
@@ -44,9 +46,7 @@ READ += "method 'prefill''s 'w'"
 BY_NAME = (Mechanism(Kind.BY_NAME, Role.CONSTANT, "method 'decode' read method 'prefill''s 'w'"),)
 SHARED = "Failed: S2: method 'decode': key 'w' shares storage with method 'prefill''s 'w', other bytes"
 CRASH = "crashed: the worker process was killed by SIGSEGV (Segmentation fault) while loading kv on mine"
-CRASHED = (
-    crashed(Step.RUNNING, "killed by SIGSEGV (Segmentation fault)", "the worker was killed by SIGSEGV"),
-)
+CRASHED = (crashed(Step.RUNNING, ProcessEnd.of(-signal.SIGSEGV), "the worker was killed by SIGSEGV"),)
 EARLIER = (
     "Failed: loading kv on mine crashed earlier in this run, not retried: the worker was killed by SIGSEGV "
     "(Segmentation fault) in test_E1[mine-kv]"

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from pytest_ptn import expectations
+from pytest_ptn.instruments.process_end import ProcessEnd
 from pytest_ptn.scheduling import crashes
 
 CRASHING_BACKENDS = """
@@ -133,11 +134,11 @@ def test_in_process_run_says_a_crash_ends_it(pytester: pytest.Pytester) -> None:
         (-signal.SIGSEGV, "", "killed by SIGSEGV"),
         (None, "Fatal Python error: Bus error\n", "killed by SIGBUS"),
         (7, "", "exited with status 7"),
-        (None, "", "without a fatal-error report"),
+        (None, "", "without an exit status or a fatal-error report"),
     ],
 )
 def test_how_a_worker_died_is_named(returncode: int | None, fault: str, said: str) -> None:
-    assert said in crashes.how_it_died(returncode, fault)
+    assert said in str(ProcessEnd.of(returncode, fault))
 
 
 def test_a_crashed_step_fails_later_tests_of_its_case_at_once(tmp_path: Path) -> None:

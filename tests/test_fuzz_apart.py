@@ -3,17 +3,19 @@ on (pytest_ptn.fuzzing.apart); an unlisted one fails the test naming the signal,
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
 
-from pytest_ptn.mechanisms import Step, crashed
+from pytest_ptn.instruments.process_end import ProcessEnd
+from pytest_ptn.mechanisms import Step, crashed, hung
 
 
 def test_a_crash_key_is_the_step_and_the_signal() -> None:
-    assert crashed(Step.RUNNING, "killed by SIGSEGV").key == "crash:running:SIGSEGV"
-    assert crashed(Step.LOWERING, "exited with status 3 without an answer").key == "crash:lowering:status N"
-    assert crashed(Step.RUNNING, "hung").key == "hang:running"
+    assert crashed(Step.RUNNING, ProcessEnd.of(-signal.SIGSEGV)).key == "crash:running:SIGSEGV"
+    assert crashed(Step.LOWERING, ProcessEnd.of(3)).key == "crash:lowering:status"
+    assert hung(Step.RUNNING).key == "hang:running"
 
 
 def _known(path: Path, mechanism: str) -> Path:

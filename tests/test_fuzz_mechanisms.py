@@ -53,10 +53,32 @@ def test_an_error_key_leaves_out_dtypes_and_shapes_too() -> None:
     assert keys == {"error:running:RuntimeError: Tensor dtype mismatch! Expected: <dtype>, Got: <dtype>"}
     shapes = [RuntimeError(f"expected shape {s} but got (4,)") for s in ("[2, 4]", "(16,)", "[1]")]
     assert len({raised(Step.RUNNING, e).key for e in shapes}) == 1
-    assert (
-        crashed(Step.RUNNING, "killed by signal 42", "").key
-        == crashed(Step.RUNNING, "killed by signal 7").key
+
+
+def test_a_crash_key_comes_from_how_the_process_ended_never_from_its_words(tmp_path: Path) -> None:
+    """Issue 58: a crash's key is made from values (signal, status, no report), never from a sentence: a
+    signal with no name is ``signal`` whatever its number, no report is not guessed to be SIGKILL, and a
+    crash replayed for a later test of its case keys as the first did, without that test's node id."""
+    from pytest_ptn.instruments.process_end import ProcessEnd
+    from pytest_ptn.scheduling import crashes
+
+    unnamed = ProcessEnd.of(-42)
+    assert str(unnamed).startswith("killed by signal 42")
+    assert crashed(Step.RUNNING, unnamed).key == crashed(Step.RUNNING, ProcessEnd.of(-43)).key
+    assert crashed(Step.RUNNING, unnamed).key == "crash:running:signal"
+    assert crashed(Step.RUNNING, ProcessEnd.of(None)).key == "crash:running:no report"
+    assert crashed(Step.LOWERING, ProcessEnd.of(7)).key == crashed(Step.LOWERING, ProcessEnd.of(1)).key
+    with pytest.raises(MechanismKeyError, match="crash:<step>:<end>"):
+        check_key("crash:running:status 7")
+
+    (tmp_path / "gw0.last").write_text(
+        json.dumps({"step": {"backend": "b", "scenario": "s", "step": "loading"}})
     )
+    _, first = crashes.crash_report(tmp_path, "gw0", -42, "t.py::test_E1[b-s-up_front]", None, {})
+    with pytest.raises(crashes.CrashedEarlier) as later:
+        crashes.WorkerLog(tmp_path, "gw1").enter(crashes.Step("b", "s", "loading"))
+    assert later.value.mechanism.key == first.key == "crash:running:signal"
+    assert "t.py" not in later.value.mechanism.key
 
 
 @pytest.mark.parametrize(

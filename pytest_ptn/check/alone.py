@@ -32,7 +32,8 @@ from pytest_ptn.backend import Backend, one_line, resolve_backend
 from pytest_ptn.instruments.clean_interpreter import Child, InterpreterGone, clean_interpreter
 from pytest_ptn.instruments.comparison import snr_db
 from pytest_ptn.instruments.content import digest
-from pytest_ptn.instruments.isolation import OUTPUT_TAIL, describe_exit
+from pytest_ptn.instruments.isolation import OUTPUT_TAIL
+from pytest_ptn.instruments.process_end import ProcessEnd
 from pytest_ptn.programs.stateless import Stateless, stateless
 
 
@@ -215,7 +216,7 @@ class AloneProcess:
             tail = "\n".join(self.log.read_text(errors="replace").splitlines()[-OUTPUT_TAIL:])
             said = f"; its last output:\n{tail}" if tail else ""
             raise AloneUnavailable(
-                f"method {self.method!r} alone: its process was {describe_exit(returncode)} while "
+                f"method {self.method!r} alone: its process was {ProcessEnd.of(returncode)} while "
                 f"{step}{said}"
             ) from e
         if outcome != "ok":

@@ -23,8 +23,8 @@ from typing import IO, TYPE_CHECKING, Any
 
 from pytest_ptn.fuzzing.verdict import Verdict, judge
 from pytest_ptn.instruments.clean_interpreter import InterpreterGone, clean_interpreter
-from pytest_ptn.instruments.isolation import describe_exit
-from pytest_ptn.mechanisms import Kind, Step, crashed
+from pytest_ptn.instruments.process_end import ProcessEnd
+from pytest_ptn.mechanisms import Kind, Step, crashed, hung
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -76,13 +76,15 @@ def judge_apart(
     except TimeoutError:
         child.kill()
         child.wait()
-        how = "hung"
         said = f"no word for {limit:g} s"
+        mechanism = hung(step, said)
     except (EOFError, OSError, pickle.UnpicklingError):
-        how = said = describe_exit(child.wait())
+        end = ProcessEnd.of(child.wait())
+        said = str(end)
+        mechanism = crashed(step, end)
     tail = "\n".join(log.read_text(errors="replace").splitlines()[-OUTPUT_TAIL:]) if log.exists() else ""
     output = f"; its last output:\n{tail}" if tail else ""
-    return Verdict((crashed(step, how),), f"the program's process {said} while {step.value}{output}")
+    return Verdict((mechanism,), f"the program's process {said} while {step.value}{output}")
 
 
 def _serve(requests: IO[bytes], answers: IO[bytes]) -> None:

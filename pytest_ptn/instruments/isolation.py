@@ -13,7 +13,6 @@ import os
 import pickle
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -21,6 +20,8 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
+
+from pytest_ptn.instruments.process_end import ProcessEnd
 
 T = TypeVar("T")
 
@@ -45,16 +46,6 @@ class RemoteTraceback(Exception):
     """The child's traceback, chained under the exception it raised (its own frames are lost in pickling)."""
 
 
-def describe_exit(returncode: int) -> str:
-    """'killed by SIGSEGV' for a signal, 'exited with status N' otherwise."""
-    if returncode < 0:
-        try:
-            return f"killed by {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"killed by signal {-returncode}"
-    return f"exited with status {returncode} without an answer"
-
-
 def run_isolated(fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)`` in a child interpreter: its result, its exception re-raised here, or ChildCrashed.
 
@@ -69,7 +60,7 @@ def run_isolated(fn: Callable[..., T], *args: Any) -> T:
     done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
     if not answer.exists():
         replay = f"cd {shlex.quote(os.getcwd())} && {shlex.join(argv[:-1])} /dev/null"
-        raise ChildCrashed(describe_exit(done.returncode), done.returncode, replay, done.stdout)
+        raise ChildCrashed(str(ProcessEnd.of(done.returncode)), done.returncode, replay, done.stdout)
     with answer.open("rb") as f:
         outcome = pickle.load(f)
     shutil.rmtree(workdir)

@@ -20,22 +20,13 @@ import json
 import os
 import signal
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any, NamedTuple
 
 from pytest_ptn import mechanisms
+from pytest_ptn.instruments.process_end import ProcessEnd
 from pytest_ptn.scheduling import hangs
-
-FATAL_ERRORS = {
-    "Segmentation fault": signal.SIGSEGV,
-    "Aborted": signal.SIGABRT,
-    "Bus error": signal.SIGBUS,
-    "Floating-point exception": signal.SIGFPE,
-    "Floating point exception": signal.SIGFPE,
-    "Illegal instruction": signal.SIGILL,
-}
-"""faulthandler's words for the fatal signals it reports."""
 
 FAULT_LINES = 25
 """Lines of a dying worker's faulthandler dump a crash report keeps: the innermost frames come first."""
@@ -102,8 +93,13 @@ class WorkerLog:
         if earlier is not None:
             verdict, detail = earlier["verdict"], earlier["detail"]
             said = f"{step.describe()} {verdict} earlier in this run, not retried: {detail}"
-            how = "hung" if verdict == "hung" else detail
-            raise CrashedEarlier(said, mechanisms.crashed(step.stage, how, f"{verdict} while {step.step}"))
+            people = f"{verdict} while {step.step}"
+            mechanism = (
+                mechanisms.hung(step.stage, people)
+                if verdict == "hung"
+                else mechanisms.crashed(step.stage, ProcessEnd(**earlier["end"]), people)
+            )
+            raise CrashedEarlier(said, mechanism)
         self.say(step=step.__dict__, attached=self.attached)
         if self.watchdog is not None and limited:
             self.watchdog.progress()
@@ -201,9 +197,9 @@ def _step_key(step: Step) -> str:
     return f"{step.backend}::{step.scenario}::{step.step}"
 
 
-def read_crashed_steps(folder: Path) -> dict[str, dict[str, str]]:
-    """(backend, scenario, step) key -> the first failure it caused: its ``verdict`` (crashed, hung) and
-    ``detail`` (how, in which test)."""
+def read_crashed_steps(folder: Path) -> dict[str, dict[str, Any]]:
+    """(backend, scenario, step) key -> the first failure it caused: its ``verdict`` (crashed, hung),
+    ``detail`` (how, in which test) and, for a crash, ``end`` (the ProcessEnd's fields)."""
     try:
         data = json.loads((folder / CRASHED_STEPS).read_text())
     except (OSError, ValueError):
@@ -231,22 +227,6 @@ def all_properties(folder: Path) -> dict[str, list[tuple[str, str]]]:
     if not isinstance(data, dict):
         return {}
     return {str(nodeid): [(str(k), str(v)) for k, v in pairs] for nodeid, pairs in data.items()}
-
-
-def how_it_died(returncode: int | None, fault: str) -> str:
-    """'killed by SIGSEGV (Segmentation fault)' from the exit status, else from faulthandler's dump."""
-    if returncode is not None and returncode < 0:
-        try:
-            name = signal.Signals(-returncode)
-            return f"killed by {name.name} ({signal.strsignal(name) or name.name})"
-        except ValueError:
-            return f"killed by signal {-returncode}"
-    for words, sig in FATAL_ERRORS.items():
-        if f"Fatal Python error: {words}" in fault:
-            return f"killed by {sig.name} ({words})"
-    if returncode is not None:
-        return f"exited with status {returncode} in the middle of the test"
-    return "died without a fatal-error report (os._exit, SIGKILL or the out-of-memory killer)"
 
 
 def _popen(worker: Any) -> Any:
@@ -296,7 +276,8 @@ def crash_report(
     release's); records the step for later tests of its case."""
     fault = _read(folder / f"{worker_id}.fault")
     hung = hangs.is_timeout_dump(fault)
-    how = hangs.no_progress(limit) if hung else how_it_died(returncode, fault)
+    end = ProcessEnd.of(returncode, fault)
+    how = hangs.no_progress(limit) if hung else str(end)
     try:
         said = json.loads(_read(folder / f"{worker_id}.last") or "{}")
     except ValueError:
@@ -309,9 +290,9 @@ def crash_report(
         where = f" while {current.describe()}"
         stage, verb = current.stage, current.step
         crashed = read_crashed_steps(folder)
-        first = {"verdict": "hung", "detail": f"{how} in {nodeid}"}
+        first: dict[str, Any] = {"verdict": "hung", "detail": f"{how} in {nodeid}"}
         if not hung:
-            first = {"verdict": "crashed", "detail": f"the worker was {how} in {nodeid}"}
+            first = {"verdict": "crashed", "detail": f"the worker was {how} in {nodeid}", "end": asdict(end)}
         crashed.setdefault(_step_key(current), first)
         (folder / CRASHED_STEPS).write_text(json.dumps(crashed))
     lines = [f"hung: {how}{where}" if hung else f"crashed: the worker process was {how}{where}"]
@@ -330,7 +311,8 @@ def crash_report(
         lines.append(f"faulthandler{', every thread' if hung else ''} (most recent call first):")
         lines += [f"  {line}" for line in dump]
     said_how = f"hung ({how})" if hung else f"the worker was {how}"
-    mechanism = mechanisms.crashed(stage, "hung" if hung else how, f"{said_how} while {verb}")
+    people = f"{said_how} while {verb}"
+    mechanism = mechanisms.hung(stage, people) if hung else mechanisms.crashed(stage, end, people)
     return Death("\n".join(lines), mechanism)
 
 
