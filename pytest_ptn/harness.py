@@ -453,28 +453,14 @@ class Case:
         """For each call of ``deviations`` no replay explains: the state of its method whose planned memory
         the tensors of a method that ran before it also use, as the lowered program's own memory plan says
         (``Lowered.shared_memory``): what that method left there is what the state reads."""
+        from pytest_ptn.check.memory_plan import planned_together
+
         lowered = self.lowered()
         if not deviations or isinstance(lowered, Exception):
             return {}
-        shared = lowered.shared_memory()
-        out: dict[int, tuple[Mechanism, ...]] = {}
-        for d in deviations:
-            method = calls[d.call].method
-            before = {c.method for c in calls[: d.call]} - {method}
-            reads = self._may_read(method, d)
-            found = tuple(
-                Mechanism(
-                    Kind.SHARED_ARENA,
-                    Role.STATE,
-                    f"the memory plan puts {key!r} of {method}() where {', '.join(sorted(ran))}() also keep "
-                    "tensors",
-                )
-                for key, users in sorted(shared.get(method, {}).items())
-                if (ran := users & before) and reads(key)
-            )
-            if found:
-                out[d.call] = found
-        return out
+        methods = [c.method for c in calls]
+        wrong = [(d.call, self._may_read(methods[d.call], d)) for d in deviations]
+        return planned_together(lowered.shared_memory(), methods, wrong)
 
     def _explained(
         self, deviations: list[Deviation], calls: list[EagerCall], ran: list[Ran], schedule: LoadSchedule

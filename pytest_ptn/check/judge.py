@@ -55,6 +55,7 @@ def judged(backend: Backend, program: UserProgram, sequence: list, workdir: Path
     if any(f.stage == Stage.LOAD for f in findings):
         return findings
     findings = explain(findings, returned, program, sequence)
+    findings = in_planned_memory(findings, lowered, sequence)
     explained = {f.call for f in findings if any(isolation_only(m) for m in f.mechanisms)}
     findings, accuracy = judge.apart(findings, differing, explained)
     findings += accuracy
@@ -83,6 +84,31 @@ def judged(backend: Backend, program: UserProgram, sequence: list, workdir: Path
                 )
             )
     return findings
+
+
+def in_planned_memory(findings: list[Finding], lowered: Lowered, sequence: list) -> list[Finding]:
+    """``findings``, each wrong value no replay explains saying which state of its method the lowered
+    program's own memory plan puts where a method that ran before it keeps tensors (check.memory_plan):
+    what that method left there is what the state reads (``shared-arena:state``)."""
+    from pytest_ptn.check.memory_plan import planned_together
+
+    def bare(f: Finding) -> bool:
+        return f.rule == "E1" and f.stage == Stage.COMPARE and f.call is not None and not f.mechanisms
+
+    wrong = [(f.call, lambda key: True) for f in findings if bare(f) and f.call is not None]
+    if not wrong:
+        return findings
+    planned = planned_together(lowered.shared_memory(), [name for name, _ in sequence], wrong)
+    return [
+        dataclasses.replace(
+            f,
+            detail=f"{f.detail}; {'; '.join(m.detail for m in planned[f.call])}",
+            mechanisms=planned[f.call],
+        )
+        if bare(f) and f.call in planned
+        else f
+        for f in findings
+    ]
 
 
 class Judge:
