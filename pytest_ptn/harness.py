@@ -561,7 +561,8 @@ class Case:
     def accuracy(self) -> list[Mismatch]:
         """A1: where the program's results differ from eager's, how each method alone differs from eager
         (max abs, max rel, SNR, and the precision the backend declares it computes float32 in). Not
-        applicable where the program does not lower, or a method alone does not: nothing to judge by."""
+        applicable where the program does not lower, or a method alone does not: nothing to judge by. Where
+        the backend has a witness, each says whose it is, as E1's do (``attributed``)."""
         import pytest
         import torch
 
@@ -606,7 +607,7 @@ class Case:
             if calls[d.call].method in suspect:
                 detail += f"; {suspect[calls[d.call].method]}"
             mismatches.append(Mismatch(d.call, calls[d.call].method, detail))
-        return mismatches
+        return self.attributed(mismatches, calls, ran, LoadSchedule.UP_FRONT) if mismatches else mismatches
 
     def _alone(self, calls: list[EagerCall]) -> tuple[list[CallAlone] | None, str | None]:
         from pytest_ptn.check.alone import AloneUnavailable

@@ -169,3 +169,28 @@ def test_the_fuzz_says_whose_an_error_is(tmp_path: Path) -> None:
     assert verdict.keys == ["error:running:RuntimeError: execute('…') failed"], verdict.message
     assert f"executorch.runtime on the same .pte runs every call: {RUNTIME_FAULT}" in verdict.message
     assert RUNTIME_FAULT in verdict.mechanisms[0].detail
+
+
+def test_an_accuracy_failure_says_whose_it_is_too(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A1 as E1 (issue 60): executorch's lowering elides a reshape of a cond's result, so the method alone
+    differs from eager; executorch.runtime on the same .pte gives the same values, so it is the lowering's."""
+    tests = str(Path(__file__).parent)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")])))
+    pytester.runpytest_subprocess(
+        str(suite_path()),
+        "--ptn-backend=pte_runtimes:ExecutorchRuntime@portable",
+        "--ptn-no-expectations",
+        "-m",
+        "A1",
+        "-k",
+        "cond_constants",
+        "-p",
+        "no:cacheprovider",
+        "--ptn-report",
+        "out",
+    )
+    rows = json.loads((pytester.path / "out" / "results.json").read_text())["results"]
+    failed = [r for r in rows if r["rule"] == "A1" and r["outcome"] == "fail"]
+    assert failed and all(f": {LOWERING_FAULT}" in r["reason"] for r in failed), rows
