@@ -20,8 +20,8 @@ parameter, buffer or attribute may be zeros (a fresh KV cache), equal to another
 but for one to three elements near its end (``nudged``: where a digest of a prefix or a sample of the bytes
 does not reach; some tensors are 4 KiB, longer than such a prefix), or the bytes of another constant of
 another dtype of one element size (``drawn_as``: float32 and int32; float16, bfloat16 and int16). Such a
-pair never shares a name, so a wrong value is either by-name or lookalike, never both; nor do zeros. A shrink
-goes towards the seed's draw.
+pair never shares a name, so a wrong value is either by-name or lookalike, never both; zeros share
+neither name nor dtype and shape with another tensor. A shrink goes towards the seed's draw.
 
     from hypothesis import given
     from pytest_ptn.strategies import program_specs
@@ -258,18 +258,20 @@ def _with_values(
     """``methods`` with each own constant's values drawn as its form says (``forms``: one per own
     constant), in order, a near-equal or same-bytes constant taking them from one drawn before it; a form
     nothing earlier fits, or that would make a lookalike of a same-named constant, leaves the seed's draw.
-    Zeros take a name no other tensor of the program has: bound by name in another's place, they read as
-    that tensor zero-filled, of any dtype or shape that broadcasts."""
+    Zeros take a name, and a dtype and shape, no other tensor of the program has: bound in another's place
+    (by name, or by a cache of metadata alone), they would read as that tensor zero-filled."""
     earlier: list[Constant] = list(shared)
-    names = Counter(c.name for c in [*shared, *(c for m in methods for c in m.constants)])
+    every = [*shared, *(c for m in methods for c in m.constants)]
+    names = Counter(c.name for c in every)
+    kinds = Counter((c.dtype, c.shape) for c in every)
     out = []
     for m, drawn in zip(methods, forms, strict=True):
         own = []
         for c, f in zip(m.constants, drawn, strict=True):
             if c.family in _VALUED:
                 valued = _valued(c, f, earlier)
-                if _zeros(valued) and names[c.name] > 1:  # bound by name, zeros read as zero-filling
-                    valued = c
+                if _zeros(valued) and (names[c.name] > 1 or kinds[c.dtype, c.shape] > 1):
+                    valued = c  # bound in another's place, zeros read as that tensor zero-filled
                 if not any(e.name == c.name and _looks_alike(valued, e) for e in earlier):
                     c = valued
                 for e in earlier:  # the seed's draw beside same-named zeros of its dtype: the zeros too
