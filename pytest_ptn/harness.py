@@ -6,7 +6,7 @@ loading is cheap and every test gets fresh loaded copies, so state never leaks b
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -308,7 +308,7 @@ class Case:
         out = []
         for m in found:
             theirs, ours, call = seen[m.call].outputs, ran[m.call].outputs, calls[m.call]
-            same = len(theirs) == len(ours) and all(map(equal, ours, theirs))
+            same = _same_outputs(ours, theirs)
             bounds = call.output_bounds()
             eager = len(theirs) == len(call.outputs) and all(
                 equal(t, e, b, self.tolerance, self._computed_in(e))
@@ -481,12 +481,12 @@ class Case:
                 explained[d.call] = (how,)
         wrong = {d.call: calls[d.call].method for d in deviations if d.kind == "output"}
         wrong = {call: method for call, method in wrong.items() if call not in explained}
-        from pytest_ptn.check.explain import mechanisms_of
+        from pytest_ptn.check.explain import label_of, mechanisms_of
 
         replays = self._bindings(calls, ran, wrong, schedule) if wrong else {}
         for i, d in enumerate(deviations):
             if d.kind == "output" and d.call in replays:
-                details[i] += f"; it equals {' and '.join(r.label for r in replays[d.call])}"
+                details[i] += f"; it equals {label_of(replays[d.call])}"
         return details, explained | {call: mechanisms_of(found) for call, found in replays.items()}
 
     def _may_read(self, method: str, d: Deviation) -> Callable[[str], bool]:
@@ -526,20 +526,11 @@ class Case:
     def _late_only(self, calls: list[EagerCall], ran: list[Ran], wrong: dict[int, str]) -> set[int]:
         """The calls of ``wrong`` (run with each method loaded at its first call) whose values a fresh load
         of every method up front does not give: what loading a method late did, a fault of loading."""
-        from pytest_ptn.instruments.comparison import equal
-
         try:
             up_front = self.run_calls(self.load(), calls, LoadSchedule.UP_FRONT)
         except Exception:  # no evidence either way
             return set()
-        return {
-            call
-            for call in wrong
-            if not (
-                len(theirs := up_front[call].outputs) == len(ours := ran[call].outputs)
-                and all(map(equal, ours, theirs))
-            )
-        }
+        return {call for call in wrong if not _same_outputs(ran[call].outputs, up_front[call].outputs)}
 
     def replays(self, calls: list[EagerCall] | None = None) -> Replays:
         """The faulty-binding replays of ``calls`` (by default the case's sequence), made once for every test
@@ -720,6 +711,13 @@ class Ran:
     inputs_after: list[torch.Tensor]
     state: dict[str, torch.Tensor] | None
     """The state view after the call, where it was asked for."""
+
+
+def _same_outputs(ours: Sequence[torch.Tensor], theirs: Sequence[torch.Tensor]) -> bool:
+    """Two runs' outputs of one call are the same (pytest_ptn.instruments.comparison.equal)."""
+    from pytest_ptn.instruments.comparison import equal
+
+    return len(ours) == len(theirs) and all(map(equal, ours, theirs))
 
 
 @dataclass

@@ -61,7 +61,7 @@ def explain(
             raising = explaining_error(replays, f.mechanisms[0], f.call, names)
             found = (raising,) if raising is not None else ()
         if found:
-            f = dataclasses.replace(f, explanation=_label(found), mechanisms=mechanisms_of(found))
+            f = dataclasses.replace(f, explanation=label_of(found), mechanisms=mechanisms_of(found))
         out.append(f)
     return out
 
@@ -103,17 +103,13 @@ def explanations(
     whose values loading every method up front does not give, and is taken first where it accounts for as
     much as another; otherwise single faults come before pairs."""
     items = {call: _wrong_elements(call, returned[call], eager[call] if eager else None) for call in wrong}
+    items = {call: wanted for call, wanted in items.items() if wanted}
     fits: list[tuple[Replay, set[tuple[int, int, int]]]] = []
     for replay in replays:
         if replay.error is not None or replay.schedule not in (None, schedule):
             continue
         candidates = [c for c in wrong if c in late_only] if replay.schedule else list(wrong)
-        given = {
-            item
-            for call in candidates
-            for item in _given(returned[call], replay.outputs[call], call)
-            if item in items[call]
-        }
+        given = {item for c in candidates for item in _given(returned[c], replay.outputs[c], items[c])}
         if given:
             fits.append((replay, given))
     chosen: dict[tuple[int, int, int], Replay] = {}
@@ -124,7 +120,7 @@ def explanations(
     return {
         call: tuple({id(r): r for r in (chosen[item] for item in sorted(wanted))}.values())
         for call, wanted in items.items()
-        if wanted and wanted <= chosen.keys()
+        if wanted <= chosen.keys()
     }
 
 
@@ -146,23 +142,28 @@ def _wrong_elements(
 
 
 def _given(
-    have: Sequence[torch.Tensor], replayed: Sequence[torch.Tensor], call: int
-) -> Iterator[tuple[int, int, int]]:
-    """The items of ``_wrong_elements`` whose values the replay gives as the backend did."""
+    have: Sequence[torch.Tensor], replayed: Sequence[torch.Tensor], wanted: set[tuple[int, int, int]]
+) -> set[tuple[int, int, int]]:
+    """The items of ``wanted`` (a call's ``_wrong_elements``) whose values the replay gives as the backend
+    did: the whole call, or element by element."""
     from pytest_ptn.instruments.comparison import close
 
-    if _same(list(have), list(replayed)):
-        yield (call, -1, -1)
-    if len(have) != len(replayed):
-        return
-    for output, (h, r) in enumerate(zip(have, replayed, strict=True)):
-        if h.shape == r.shape:
-            for i in close(h, r).reshape(-1).nonzero().reshape(-1).tolist():
-                yield (call, output, int(i))
+    call, first, _ = next(iter(wanted))
+    if first == -1:  # the whole call
+        return wanted if _same(list(have), list(replayed)) else set()
+    if [h.shape for h in have] != [r.shape for r in replayed]:
+        return set()
+    given = {
+        (call, output, int(i))
+        for output, (h, r) in enumerate(zip(have, replayed, strict=True))
+        for i in close(h, r).reshape(-1).nonzero().reshape(-1).tolist()
+    }
+    return given & wanted
 
 
-def _label(replays: Sequence[Replay]) -> str:
-    return ", ".join(r.label for r in replays)
+def label_of(replays: Sequence[Replay]) -> str:
+    """What ``replays`` give, in words: "what method 'prefill''s 'w' would give and what ..."."""
+    return " and ".join(r.label for r in replays)
 
 
 def mechanisms_of(replays: Sequence[Replay]) -> tuple[Mechanism, ...]:
@@ -356,8 +357,7 @@ def _faults(
             f"{key!r} starting zero-filled",
             partial(_bind_zeroed, key),
         )
-    reset = {m: sorted(mutable & set(constants[m])) for m in sorted(late & set(constants))}
-    reset = {m: keys for m, keys in reset.items() if keys}
+    reset = {m: keys for m in sorted(late & set(constants)) if (keys := sorted(mutable & set(constants[m])))}
     if reset:
         initial = {key: t.detach().clone() for key in states if (t := find_tensor(base, key)) is not None}
         said = "; ".join(f"loading {m}() put {', '.join(map(repr, keys))} back" for m, keys in reset.items())
@@ -390,14 +390,13 @@ def _lookalikes(
         if key in mutable or not _plain(use.tensor):
             continue
         seen: set[tuple[torch.dtype, tuple[int, ...], str]] = set()
-        close = 0
+        first_close = True
         for other, theirs, t in others:
             content = (t.dtype, tuple(t.shape), digest(t))
-            if (
-                theirs == key
-                or content in seen
-                or not (looks_alike(use.tensor, t) or same_metadata(use.tensor, t))
-            ):
+            if theirs == key or content in seen:
+                continue
+            alike = looks_alike(use.tensor, t)
+            if not (alike or same_metadata(use.tensor, t)):
                 continue
             seen.add(content)
             fault = _Fault(
@@ -409,10 +408,9 @@ def _lookalikes(
                 f"method {other!r}'s {theirs!r} in place of {method!r}'s {key!r}",
                 partial(_bind_other, method, key, t),
             )
-            if looks_alike(use.tensor, t):
-                close += 1
-                if close == 1:
-                    first.append(fault)
+            if alike and first_close:
+                first.append(fault)
+                first_close = False
             yield fault
     if len(first) > 1:
         yield _Fault(
