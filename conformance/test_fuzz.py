@@ -14,8 +14,8 @@ import sys
 
 import pytest
 
-from pytest_ptn.backend import Backend
-from pytest_ptn.plugin import FuzzRun
+from pytest_ptn.backend import WHOSE_PROPERTY, Backend, Whose, whose_of
+from pytest_ptn.fuzzing.run import FuzzRun
 
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup  # hypothesis's own dependency there
@@ -30,6 +30,7 @@ def test_generated_programs_match_eager(
 ) -> None:
     from hypothesis import event, given
 
+    from pytest_ptn.check.earlier import EarlierPrograms
     from pytest_ptn.fuzzing.apart import dies_on_some, judge_apart
     from pytest_ptn.fuzzing.tally import PROPERTY, FuzzTally
     from pytest_ptn.fuzzing.verdict import UnlistedMechanism, judge, program_size, unlisted
@@ -42,6 +43,7 @@ def test_generated_programs_match_eager(
 
     listed = set(ptn_fuzz.listed)
     apart = dies_on_some(listed)
+    earlier = EarlierPrograms()  # what the programs this process loaded held: a cache may outlive them
 
     def entering(step: Step) -> None:  # the step a crash of the worker names; a child has its own limit
         crashes.enter(ptn_backend.name, "a generated program", step.value, known=False, limited=not apart)
@@ -49,6 +51,7 @@ def test_generated_programs_match_eager(
     tally = FuzzTally()
     failed: dict[str, ProgramSpec] = {}
     shown: dict[str, Mechanism] = {}  # each unlisted mechanism as the program that failed on it showed it
+    whose_shown: dict[str, frozenset[Whose]] = {}
     drawn: set[str] = set()
 
     @ptn_fuzz
@@ -59,7 +62,7 @@ def test_generated_programs_match_eager(
         if apart:  # a listed crash or hang costs its program only
             verdict = judge_apart(ptn_backend, spec, workdir, ptn_fuzz.limit, entering)
         else:
-            verdict = judge(ptn_backend, spec, workdir, entering)
+            verdict = judge(ptn_backend, spec, workdir, entering, earlier)
         program = reproducer(spec)
         if program not in drawn:  # hypothesis replays a failing program: one program, counted once
             drawn.add(program)
@@ -71,6 +74,7 @@ def test_generated_programs_match_eager(
         if new:
             failed[new[0]] = spec
             shown[new[0]] = next(m for m in verdict.mechanisms if m.key == new[0])
+            whose_shown[new[0]] = verdict.whose
             raise unlisted(new[0])(f"mechanism {new[0]} is not listed: {verdict.message}")
 
     try:
@@ -91,6 +95,8 @@ def test_generated_programs_match_eager(
     keys = [getattr(e, "key", "") for e in found]
     request.node.stash[FAILING_PROGRAMS] = [failed[key] for key in keys]
     request.node.user_properties.append((MECHANISMS, to_json(shown[key] for key in keys)))
+    if (whose := whose_of(w for key in keys for w in whose_shown[key])) is not None:
+        request.node.user_properties.append((WHOSE_PROPERTY, whose.value))
     parts = [
         f"{e}\n\nthe program, as a test (run with --ptn-backend={backend}):\n\n{reproducer(failed[key])}"
         for key, e in zip(keys, found, strict=True)

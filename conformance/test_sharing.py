@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from pytest_ptn.backend import Loaded
-from pytest_ptn.check.explain import leaked_replay
+from pytest_ptn.check.earlier import EarlierPrograms
+from pytest_ptn.check.explain import Replay
 from pytest_ptn.check.findings import Finding
 from pytest_ptn.check.storage import (
     concurrent_partition,
@@ -19,16 +20,19 @@ from pytest_ptn.check.storage import (
 )
 from pytest_ptn.harness import Case, fail_on, fail_with
 from pytest_ptn.instruments.comparison import equal
+from pytest_ptn.mechanisms import Kind, Mechanism
 from pytest_ptn.programs.exported import (
     immutable_by_content,
     unique_immutable_bytes,
 )
 
 
-def _as(rule: str, findings: list[Finding]) -> list[str]:
-    """Findings told as breaking the test's own rule: a pair shared across a total collision breaks S2 and
-    S3 alike, and an S2 test says S2."""
-    return [str(dataclasses.replace(f, rule=rule)) for f in findings]
+def _fail_with(case: Case, findings: list[Finding], rule: str | None = None) -> None:
+    """Fail with ``findings``, their mechanisms the case's (the causes group by them), each told as breaking
+    ``rule`` where given: a pair shared across a total collision breaks S2 and S3 alike, and an S2 test
+    says S2."""
+    case.found.extend(m for f in findings for m in f.mechanisms)
+    fail_with([str(dataclasses.replace(f, rule=rule) if rule else f) for f in findings])
 
 
 def _load_all(case: Case, order: list[str] | None = None) -> Loaded:
@@ -43,8 +47,7 @@ def _load_all(case: Case, order: list[str] | None = None) -> Loaded:
 def test_identical_constants_share_one_allocation(ptn_case: Case) -> None:
     programs = ptn_case.exported()
     storages = topology(_load_all(ptn_case), programs)
-    wrong = [str(f) for f in split_identical_findings(storages, immutable_by_content(programs))]
-    fail_with(wrong)
+    _fail_with(ptn_case, split_identical_findings(storages, immutable_by_content(programs)))
 
 
 def _never_shared(case: Case) -> None:
@@ -52,8 +55,7 @@ def _never_shared(case: Case) -> None:
     every output as eager's."""
     programs = case.exported()
     storages = topology(_load_all(case), programs)
-    wrong = _as("S2", shared_differing_findings(storages, immutable_by_content(programs)))
-    fail_with(wrong)
+    _fail_with(case, shared_differing_findings(storages, immutable_by_content(programs)), "S2")
     fail_on(case.run_sequence(case.load()), "outputs differ from eager")
 
 
@@ -78,8 +80,7 @@ def test_later_method_with_every_name_cached_is_still_checked(ptn_case: Case) ->
     programs = ptn_case.exported()
     loaded = _load_all(ptn_case)
     storages = topology(loaded, programs)
-    wrong = _as("S3", shared_differing_findings(storages, immutable_by_content(programs)))
-    fail_with(wrong)
+    _fail_with(ptn_case, shared_differing_findings(storages, immutable_by_content(programs)), "S3")
     fail_on(ptn_case.run_sequence(loaded), "outputs differ from eager after loading every method")
 
 
@@ -95,20 +96,23 @@ def test_two_programs_in_one_process_do_not_leak(
     second = ptn_case.loader.load(lowered)  # the instance the first program loaded through
     calls = other.eager()
     mismatches = []
-    leaked = None
+    leaked: list[Replay] | None = None
     for i, call in enumerate(calls):
         got = second.run(call.method, [t.clone() for t in call.inputs])
         bounds = zip(got, call.outputs, call.output_bounds(), strict=False)
         if len(got) != len(call.outputs) or not all(equal(g, w, wide) for g, w, wide in bounds):
             said = f"call #{i} {call.method}() of the second program reads the first program's data"
-            if not mismatches:  # the evidence, made once: the first program's tensors bound by name
+            if leaked is None:  # the evidence, made once: the first program's tensors bound by name
+                earlier = EarlierPrograms()
+                earlier.add(ptn_case.program.export, set(ptn_case.program.state_fqns()))
                 sequence = [(c.method, c.inputs) for c in calls]
-                leaked = leaked_replay(
-                    ptn_case.program.export(), other.export(), set(other.state_fqns()), sequence
-                )
-            if leaked is not None and leaked.error is None and _same_values(got, leaked.outputs[i]):
-                said += f": it equals {leaked.label}"
-                ptn_case.found.extend(leaked.mechanisms)
+                leaked = earlier.replays(other.export(), set(other.state_fqns()), sequence)
+            giving = [r for r in leaked if r.error is None and _same_values(got, r.outputs[i])]
+            if giving:
+                said += f": it equals {giving[0].label}"
+                ptn_case.found.extend(giving[0].mechanisms)
+            else:
+                ptn_case.found.append(Mechanism(Kind.CROSS_PROGRAM, "", f"call #{i} {call.method}()"))
             mismatches.append(said)
     fail_with(mismatches)
 
@@ -139,10 +143,13 @@ def test_sharing_check_costs_no_memory(ptn_case: Case) -> None:
         loaded.load_method(method)
     reading = loaded.constant_memory()
     unique = unique_immutable_bytes(programs)
-    assert reading.peak_bytes <= unique * 1.05 + reading.resolution, (
-        f"peak constant memory {reading.peak_bytes} B is {reading.peak_bytes / max(unique, 1):.2f}x the "
-        f"{unique} unique constant bytes ({reading.probe}; resolution {reading.resolution} B)"
-    )
+    if reading.peak_bytes > unique * 1.05 + reading.resolution:
+        said = (
+            f"peak constant memory {reading.peak_bytes} B is {reading.peak_bytes / max(unique, 1):.2f}x the "
+            f"{unique} unique constant bytes ({reading.probe}; resolution {reading.resolution} B)"
+        )
+        ptn_case.found.append(Mechanism(Kind.MEMORY_PENALTY, "", said))
+        pytest.fail(said, pytrace=False)
 
 
 CONCURRENT_ATTEMPTS = 16

@@ -13,7 +13,7 @@ import importlib
 import importlib.metadata
 import inspect
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
@@ -228,6 +228,27 @@ VARIANT_SEPARATOR = "@"
 ``myrt@shared-state``."""
 
 
+class Whose(enum.StrEnum):
+    """Whose a failure is, for a backend with a witness (``Backend.witness``): what the reports group by,
+    carried as data (WHOSE_PROPERTY), never read back from the words."""
+
+    RUNTIME = "runtime"
+    """The witness gives eager's values on the same artifact: the runtime's own."""
+    LOWERING = "lowering"
+    """The witness does the same on the same artifact: the lowering's or upstream's."""
+
+
+WHOSE_PROPERTY = "ptn_whose"
+"""The test property (``item.user_properties``) that says whose a failed test's failure is (a Whose)."""
+
+
+def whose_of(found: Iterable[Whose]) -> Whose | None:
+    """Whose a test's failure is, of what its checks found: the runtime's own where any part is (what its
+    author has to fix), else the lowering's."""
+    found = set(found)
+    return Whose.RUNTIME if Whose.RUNTIME in found else Whose.LOWERING if found else None
+
+
 RUNTIME_FAULT = "the runtime's own"
 """A failure the witness does not show (it gives eager's values on the same artifact)."""
 LOWERING_FAULT = "the lowering's or upstream's, not the runtime's"
@@ -243,11 +264,18 @@ class Witness:
     by: str
     """Who runs what, as a failure says it: ``executorch.runtime on the same .pte``."""
 
+    @staticmethod
+    def whose(same: bool, eager: bool) -> Whose | None:
+        """Whose a failure is, from whether the witness gives the backend's values or eager's (None: it
+        gives other values still, which says neither)."""
+        return Whose.LOWERING if same else Whose.RUNTIME if eager else None
+
     def says(self, same: bool, eager: bool) -> str:
-        """Whose a failure is, from whether the witness gives the backend's values or eager's."""
-        if same:
+        """Whose a failure is, in words."""
+        whose = self.whose(same, eager)
+        if whose is Whose.LOWERING:
             return f"{self.by} gives the same: {LOWERING_FAULT}"
-        if eager:
+        if whose is Whose.RUNTIME:
             return f"{self.by} gives eager's values: {RUNTIME_FAULT}"
         return f"{self.by} gives other values"
 

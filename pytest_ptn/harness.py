@@ -12,15 +12,16 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from pytest_ptn.mechanisms import UNEXPLAINED, Kind, Mechanism, Role, Step, isolation_only, raised
+from pytest_ptn.mechanisms import Kind, Mechanism, Role, Step, isolation_only, raised
 from pytest_ptn.run.state import LoweringCache
 from pytest_ptn.schedule import LoadSchedule
 
 if TYPE_CHECKING:
     import torch
 
-    from pytest_ptn.backend import Backend, EagerCall, Loaded, Lowered
+    from pytest_ptn.backend import Backend, EagerCall, Loaded, Lowered, Whose
     from pytest_ptn.check.alone import CallAlone, MethodsAlone
+    from pytest_ptn.check.earlier import EarlierPrograms
     from pytest_ptn.check.explain import Replay, Replays
     from pytest_ptn.instruments.comparison import Tolerance
     from pytest_ptn.programs.user import UserScenario
@@ -62,8 +63,13 @@ class Mismatch:
     """The method called."""
     detail: str
     """What differs, in words, with the numbers."""
-    mechanisms: tuple[Mechanism, ...] = (UNEXPLAINED,)
-    """How the wrong value came about (pytest_ptn.mechanisms), as the checks found it."""
+    mechanisms: tuple[Mechanism, ...] = ()
+    """How the wrong value came about (pytest_ptn.mechanisms), as the checks found it; none found, it is
+    unexplained at its call (the causes group tests by where nothing explains a value)."""
+
+    def __post_init__(self) -> None:
+        if not self.mechanisms:
+            self.mechanisms = (Mechanism(Kind.UNEXPLAINED, "", f"call #{self.call} {self.method}()"),)
 
     def __str__(self) -> str:
         return f"call #{self.call} {self.method}(): {self.detail}"
@@ -76,9 +82,13 @@ class Case:
         scenario: Scenario | UserScenario,
         workdir: Callable[[str], Path],
         cache: LoweringCache | None = None,
+        earlier: EarlierPrograms | None = None,
     ):
-        """``cache`` is shared by the cases of one run (RunState.lowerings); by default a case has its own."""
+        """``cache`` is shared by the cases of one run (RunState.lowerings); by default a case has its own.
+        ``earlier``: what the programs this backend loaded before held, whose tensors a cache that outlives
+        its program hands this one (the fuzz's record; its replays join this case's)."""
         self.backend = backend
+        self.earlier = earlier
         self.scenario = scenario
         self._workdir = workdir
         self._cache = cache if cache is not None else LoweringCache()
@@ -87,6 +97,10 @@ class Case:
         the test that fails on them carries them to the reports (mechanisms.PROPERTY)."""
         self.raised_at: int | None = None
         """The call of the sequence the backend raised at, after ``run_calls`` raised."""
+        self._earlier_replays: dict[tuple[object, ...], Replays] = {}
+        self.whose: set[Whose] = set()
+        """Whose what this case's checks found is, where the backend has a witness (``attributed``): the
+        test that fails on it carries it to the reports (backend.WHOSE_PROPERTY)."""
 
     @cached_property
     def program(self) -> ProgramUnderTest:
@@ -315,6 +329,8 @@ class Case:
                 for t, e, b in zip(theirs, call.outputs, bounds, strict=True)
             )
             out.append(dataclasses.replace(m, detail=f"{m.detail}; {witness.says(same, eager)}"))
+            if (whose := witness.whose(same, eager)) is not None:
+                self.whose.add(whose)
         return out
 
     def mismatches(
@@ -354,7 +370,7 @@ class Case:
                 detail += f"; alone, the method gives {_fmt(truth)}"
             if unavailable is not None and d.call not in forced:
                 detail += f" (judged against eager: {unavailable})"
-            how = explained.get(d.call) or planned.get(d.call) or stored.get(d.call) or (UNEXPLAINED,)
+            how = explained.get(d.call) or planned.get(d.call) or stored.get(d.call) or ()
             if d.call not in explained and (evidence := planned.get(d.call) or stored.get(d.call)):
                 detail += f"; {'; '.join(m.detail for m in evidence)}"
             if d.call not in explained and d.call in apart and (own := d.of(apart[d.call])) is not None:
@@ -545,9 +561,14 @@ class Case:
         sequence = [(c.method, c.inputs) for c in (calls if calls is not None else self.eager())]
         key = (self.scenario.name, *((m, *map(identity, args)) for m, args in sequence))
         replays = self._cache.replays
+        mutable = set(self.program.state_fqns())
         if key not in replays:
-            replays[key] = faulty_replays(self.program.export(), set(self.program.state_fqns()), sequence)
-        return replays[key]
+            replays[key] = faulty_replays(self.program.export(), mutable, sequence)
+        if self.earlier is None:
+            return replays[key]
+        if key not in self._earlier_replays:
+            self._earlier_replays[key] = self.earlier.replays(self.program.export(), mutable, sequence)
+        return replays[key] + self._earlier_replays[key]
 
     def accuracy(self) -> list[Mismatch]:
         """A1: where the program's results differ from eager's, how each method alone differs from eager

@@ -46,6 +46,16 @@ class Kind(enum.StrEnum):
     SHARED_ARENA = "shared-arena"
     """A buffer's planned memory is also used by another method's tensors (the lowered program's memory
     plan says so): what that method leaves there is what the buffer reads."""
+    SHARES_DIFFERING = "shares-differing"
+    """Constants of other content under different names share one allocation (S2, S3): a loader that
+    shares on less than the content, found in its storage, not in a value."""
+    NOT_SHARED = "not-shared"
+    """Identical constants of several methods occupy several allocations (S1)."""
+    MEMORY_PENALTY = "memory-penalty"
+    """Constant memory beyond one copy of each unique tensor (S6)."""
+    CROSS_PROGRAM = "cross-program"
+    """A second program in the process reads the first's data (S4) where no binding by name gives its
+    values."""
     LOWERING = "lowering"
     """Lowering raised."""
     ERROR = "error"
@@ -90,6 +100,10 @@ LISTABLE_VALUE_KINDS = (
 )
 """The kinds that account for wrong values (and for errors a faulty binding reproduces); their key is
 ``kind:tensor``."""
+
+STORAGE_KINDS = (Kind.SHARES_DIFFERING, Kind.NOT_SHARED, Kind.MEMORY_PENALTY, Kind.CROSS_PROGRAM)
+"""The kinds the storage rules' tests find in a loader's allocations or across programs; a drawn program
+never shows one, so no list of the fuzz's known failures holds one."""
 
 
 @dataclass(frozen=True)
@@ -222,6 +236,11 @@ def check_key(key: str) -> str:
         raise MechanismKeyError(
             "'unexplained' is no mechanism: a wrong value nothing accounts for is a finding to look into, "
             "never a known failure"
+        )
+    if kind in STORAGE_KINDS:
+        raise MechanismKeyError(
+            f"{key!r} is a storage rule's finding (S1-S6), which a drawn program never shows: list the "
+            f"scenario test that fails on it (rule and scenario) instead"
         )
     if kind in LISTABLE_VALUE_KINDS and of not in {t.value for t in Role}:
         tensors = ", ".join(f"{kind.value}:{t.value}" for t in Role)

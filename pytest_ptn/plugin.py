@@ -11,7 +11,6 @@ import random
 import sys
 from collections.abc import Callable, Generator
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,15 +20,17 @@ from _pytest.reports import TestReport
 from pytest_ptn import expectations, mechanisms, upstream_noise
 from pytest_ptn.backend import (
     VARIANT_SEPARATOR,
+    WHOSE_PROPERTY,
     Backend,
     BackendError,
     Capability,
     availability_of,
     resolve_backend,
     runtime_availability,
+    whose_of,
 )
 from pytest_ptn.fuzzing import progress
-from pytest_ptn.fuzzing.sequence import owned
+from pytest_ptn.fuzzing.run import FuzzRun, FuzzShare
 from pytest_ptn.programs import catalogue, zoo
 from pytest_ptn.reporting import collect, repro, runtime_log
 from pytest_ptn.ruleset import (
@@ -554,18 +555,6 @@ def quantization_mismatch(backend: Backend, tags: frozenset[str]) -> str | None:
     return None
 
 
-@dataclass(frozen=True)
-class FuzzShare:
-    """This test item's part of the fuzz budget: share ``index`` (0-based) of ``count``, one per xdist
-    worker of each ``--ptn-shard`` machine, each drawing its own programs."""
-
-    index: int
-    count: int
-
-    def __str__(self) -> str:
-        return f"share{self.index + 1}of{self.count}"
-
-
 def fuzz_shares(config: pytest.Config) -> int:
     """How many parts the fuzz budget is split into: the workers of a machine times the machines. Every
     worker collects the same items, so the count comes from what every worker knows alike."""
@@ -580,44 +569,6 @@ def ptn_fuzz_share(request: pytest.FixtureRequest) -> FuzzShare:
     """This item's share of the fuzz budget (the whole of it where the run has one worker)."""
     param = getattr(request, "param", None)
     return param if isinstance(param, FuzzShare) else FuzzShare(0, 1)
-
-
-class FuzzRun:
-    """The ``ptn_fuzz`` fixture: a decorator giving a ``@given`` test the run's fuzz profile and seed (its
-    share of them), the mechanisms the backend's expectations list (``listed``), ``judged`` to say how
-    many programs it has judged of its ``budget`` (shown on the terminal while a long fuzz runs), and the
-    run's hang ``limit``."""
-
-    def __init__(self, profile: Any, run_seed: int, share: FuzzShare, listed: dict[str, Any]):
-        self.profile = profile
-        self.run_seed = run_seed
-        self.share = share
-        self.listed = listed
-        self.budget: int = (
-            len(owned(share.index, share.count, profile.max_examples))
-            if profile.derandomize
-            else -(-profile.max_examples // share.count)
-        )
-        self.judged: Callable[[int], None] = lambda done: None
-        self.limit = 0.0
-        """Seconds a program judged apart may say nothing before it is hung (0: no limit)."""
-
-    def __call__(self, test: Callable[..., None]) -> Any:
-        from hypothesis import seed, settings
-
-        if self.profile.derandomize:
-            # ptn-ci: one fixed sequence of programs, the same in every run however it is split, each share
-            # judging its part (pytest_ptn.fuzzing.sequence).
-            from pytest_ptn.fuzzing.sequence import judged_in_turn
-
-            programs = owned(self.share.index, self.share.count, self.profile.max_examples)
-            return judged_in_turn(self.profile(test), programs)
-        if self.share.count == 1:
-            return seed(self.run_seed)(self.profile(test))
-        # ptn-nightly: each share draws its own programs, by the run's seed and its index (the same ones in
-        # every run with that seed and split).
-        part = settings(self.profile, max_examples=self.budget)
-        return seed(self.run_seed + self.share.index)(part(test))
 
 
 @pytest.fixture
@@ -662,6 +613,10 @@ def pytest_runtest_makereport(
         if found and mechanisms.PROPERTY not in dict(test_report.user_properties):
             said = (mechanisms.PROPERTY, mechanisms.to_json(found))
             test_report.user_properties = [*test_report.user_properties, said]
+        case = getattr(item, "funcargs", {}).get(repro.CASE_FIXTURE)
+        whose = whose_of(case.whose) if case is not None and hasattr(case, "whose") else None
+        if whose is not None and WHOSE_PROPERTY not in dict(test_report.user_properties):
+            test_report.user_properties = [*test_report.user_properties, (WHOSE_PROPERTY, whose.value)]
     rules = rules_of(item)
     should_only = bool(rules) and all(RULES[r].level == SHOULD for r in rules)
     stale = is_strict_xpass(test_report.longrepr)

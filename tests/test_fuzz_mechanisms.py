@@ -387,3 +387,35 @@ def test_state_put_back_by_a_late_load_is_reinitialised_not_a_private_copy(
     assert keys(ReinitOnLateLoad(), LoadSchedule.UP_FRONT) == set()
     assert keys(StateCopiedPerMethod(), LoadSchedule.AT_FIRST_CALL) == {"private-copy:state"}
     assert keys(StateCopiedPerMethod(), LoadSchedule.UP_FRONT) == {"private-copy:state"}
+
+
+def test_a_cache_that_outlives_its_program_is_by_name_in_the_fuzz(
+    tmp_path: Path, warm_torch: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process-wide cache keyed by name (the CUDA delegate's, executorch#21823) hands each later program the
+    first one's tensors: a wrong value where the dtypes agree, an error where they do not. The fuzz keeps
+    what the programs it judged held (check.earlier), and a replay bound to those names both ``by-name``;
+    without that record, nothing the program alone can be bound to gives either."""
+    import broken_backends
+
+    from pytest_ptn.check.earlier import EarlierPrograms
+    from pytest_ptn.fuzzing.verdict import judge
+    from pytest_ptn.spec import Constant, Method
+
+    monkeypatch.setattr(broken_backends, "PROCESS_WIDE", {})
+
+    def program(dtype: str, seed: int) -> ProgramSpec:
+        w = Constant("w", "attribute", dtype=dtype, seed=seed)
+        return ProgramSpec(methods=(Method("prefill", (w,), reads=("w",)),), calls=("prefill",))
+
+    backend, earlier = broken_backends.ProcessWideByName(), EarlierPrograms()
+    verdicts = []
+    for i, (dtype, seed) in enumerate([("float32", 1), ("float32", 2), ("int32", 3)]):
+        (tmp_path / str(i)).mkdir()
+        verdicts.append(judge(backend, program(dtype, seed), tmp_path / str(i), earlier=earlier))
+    assert [v.keys for v in verdicts] == [[], ["by-name:constant"], ["by-name:constant"]], [
+        v.message for v in verdicts
+    ]
+    assert "the first tensors this process loaded under the same method and name" in verdicts[1].message
+    (tmp_path / "alone").mkdir()
+    assert judge(backend, program("float32", 4), tmp_path / "alone").keys != ["by-name:constant"]

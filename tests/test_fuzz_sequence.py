@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 
 import pytest_ptn.strategies  # noqa: F401  registers the profiles
-from pytest_ptn.plugin import FuzzRun, FuzzShare
+from pytest_ptn.fuzzing.run import FuzzRun, FuzzShare
 from pytest_ptn.spec import ProgramSpec
 from pytest_ptn.strategies import program_specs
 

@@ -371,7 +371,7 @@ def test_each_fuzz_example_is_a_step(
     from pytest_ptn.conformance import test_fuzz
 
     from pytest_ptn.backends.reference import ReferenceBackend
-    from pytest_ptn.plugin import FuzzRun, FuzzShare
+    from pytest_ptn.fuzzing.run import FuzzRun, FuzzShare
 
     steps: list[tuple[str, str]] = []
 

@@ -80,6 +80,9 @@ class Replay(NamedTuple):
     """The call that raised it."""
     schedule: LoadSchedule | None = None
     """The load schedule the replay models (a fault of loading itself); None: what any schedule gives."""
+    weak: bool = False
+    """Whether the binding is the evidence of last resort: a tensor that shares only dtype and shape with
+    the method's own (``same_metadata``), which names a value only where no other replay gives it too."""
 
 
 Replays = list[Replay]
@@ -101,7 +104,7 @@ def explanations(
     one bug that shows on several calls is one mechanism, not the first of several that each fit some
     call. A replay of a fault of loading (``Replay.schedule``) accounts only for the calls of ``late_only``,
     whose values loading every method up front does not give, and is taken first where it accounts for as
-    much as another; otherwise single faults come before pairs."""
+    much as another; a weak one (``Replay.weak``) last; otherwise single faults come before pairs."""
     items = {call: _wrong_elements(call, returned[call], eager[call] if eager else None) for call in wrong}
     items = {call: wanted for call, wanted in items.items() if wanted}
     fits: list[tuple[Replay, set[tuple[int, int, int]]]] = []
@@ -114,7 +117,7 @@ def explanations(
             fits.append((replay, given))
     chosen: dict[tuple[int, int, int], Replay] = {}
     while fits:
-        replay, given = max(fits, key=lambda fit: (len(fit[1]), fit[0].schedule is not None))
+        replay, given = max(fits, key=lambda fit: (len(fit[1]), fit[0].schedule is not None, not fit[0].weak))
         chosen |= dict.fromkeys(given, replay)
         fits = [(r, rest) for r, g in fits if (rest := g - given)]
     return {
@@ -176,15 +179,16 @@ def explaining_error(
 ) -> Replay | None:
     """The first replay that raises what the backend raised while running (``error``, its mechanism, whose
     detail is the exception's type and first line) at the same call (``call``; None: where it raised is not
-    known), single faults before pairs: the binding that makes the program fail as the backend does. The
-    same is the same type and message but for what varies between programs (``names``: the program's method
-    names), the whole message or the part a backend's own wrapping quotes (native's "node 'mul' failed:
-    RuntimeError: ...")."""
+    known), single faults before pairs and a weak one (``Replay.weak``) last: the binding that makes the
+    program fail as the backend does. The same is the same type and message but for what varies between
+    programs (``names``: the program's method names), the whole message or the part a backend's own
+    wrapping quotes (native's "node 'mul' failed: RuntimeError: ...")."""
     raising = [
         (r, f"{type(r.error).__name__}: {str(r.error).strip().splitlines()[0].strip()}")
         for r in replays
         if r.error is not None and str(r.error).strip() and call in (None, r.raised_at) and r.schedule is None
     ]
+    raising.sort(key=lambda pair: pair[0].weak)  # a weak binding only where no other raises the same
     # the binding that raises the very message first (it names the tensors as the backend did), then one
     # that raises it but for what varies
     for same in (lambda said: said, lambda said: without_names(said, names)):
@@ -193,39 +197,6 @@ def explaining_error(
             if same(theirs) in mine:
                 return r
     return None
-
-
-def leaked_replay(
-    first: Mapping[str, torch.export.ExportedProgram],
-    second: Mapping[str, torch.export.ExportedProgram],
-    mutable: set[str],
-    sequence: Sequence[Call],
-) -> Replay | None:
-    """What the ``second`` program (other tensors under the same names) gives on ``sequence`` with each of
-    its methods bound to the ``first`` program's tensors of the same name, or what it raises: a loader
-    whose cache outlives its program and is keyed by name (by-name across programs, S4). None where no
-    name holds other content in the two."""
-    modules = exported_eager(second, mutable)
-    bound = []
-    for method, ep in second.items():
-        theirs = constants_of(first[method]) if method in first else {}
-        for key, use in constants_of(ep).items():
-            t = theirs[key].tensor if key in theirs else None
-            if key in mutable or t is None or not _plain(t) or same_content(t, use.tensor):
-                continue
-            set_tensor(modules[method], key, t.clone())
-            bound.append(f"{method!r}'s {key!r}")
-    if not bound:
-        return None
-    how = (Mechanism(Kind.BY_NAME, Role.CONSTANT, f"the second program read the first's {', '.join(bound)}"),)
-    label = "the first program's tensors of the same names"
-    outputs: list[list[torch.Tensor]] = []
-    try:
-        for name, args in sequence:
-            outputs.append(flat(modules[name](*copy.deepcopy(args))))
-    except Exception as e:
-        return Replay(f"what {label} raise", [], how, e, len(outputs))
-    return Replay(f"what {label} give", outputs, how)
 
 
 def faulty_replays(
@@ -258,6 +229,7 @@ def faulty_replays(
             continue
         label = " and ".join(f.label for f in chosen)
         how = tuple(f.mechanism for f in chosen)
+        weak = all(f.weak for f in chosen)
         on_load = [f.on_load for f in chosen if f.on_load is not None]
         schedule = LoadSchedule.AT_FIRST_CALL if on_load else None
         outputs: list[list[torch.Tensor]] = []
@@ -268,9 +240,9 @@ def faulty_replays(
                         hook(loading, modules)
                 outputs.append(flat(modules[name](*copy.deepcopy(args))))
         except Exception as e:
-            out.append(Replay(f"what {label} raises", [], how, e, len(outputs), schedule))
+            out.append(Replay(f"what {label} raises", [], how, e, len(outputs), schedule, weak))
             continue
-        out.append(Replay(f"what {label} would give", outputs, how, schedule=schedule))
+        out.append(Replay(f"what {label} would give", outputs, how, schedule=schedule, weak=weak))
     return out
 
 
@@ -285,6 +257,8 @@ class _Fault:
     on_load: Callable[[str, Modules], None] | None = None
     """What loading a method after others ran does to the bound modules (a fault of loading: its replay
     models the at-first-call schedule)."""
+    weak: bool = False
+    """A binding of a tensor that shares only dtype and shape with the method's own (Replay.weak)."""
 
 
 _ORDER = {
@@ -324,7 +298,7 @@ def _faults(
                 continue
             for other, theirs in constants.items():
                 t = theirs[key].tensor if other != method and key in theirs else None
-                if t is not None and _plain(t) and _plain(use.tensor) and not same_content(t, use.tensor):
+                if t is not None and plain(t) and plain(use.tensor) and not same_content(t, use.tensor):
                     yield _Fault(
                         Mechanism(
                             Kind.BY_NAME, role(key), f"method {method!r} read method {other!r}'s {key!r}"
@@ -383,11 +357,11 @@ def _lookalikes(
         (other, key, use.tensor)
         for other, theirs in sorted(constants.items())
         for key, use in sorted(theirs.items())
-        if key not in mutable and _plain(use.tensor)
+        if key not in mutable and plain(use.tensor)
     ]
     first: list[_Fault] = []  # each key's first lookalike: a cache keyed on less than content takes them all
     for key, use in sorted(constants[method].items()):
-        if key in mutable or not _plain(use.tensor):
+        if key in mutable or not plain(use.tensor):
             continue
         seen: set[tuple[torch.dtype, tuple[int, ...], str]] = set()
         first_close = True
@@ -407,6 +381,7 @@ def _lookalikes(
                 ),
                 f"method {other!r}'s {theirs!r} in place of {method!r}'s {key!r}",
                 partial(_bind_other, method, key, t),
+                weak=not alike,
             )
             if alike and first_close:
                 first.append(fault)
@@ -486,7 +461,7 @@ def _reinitialise(
 
 def _bind_zeroed(key: str, modules: Modules) -> bool:
     zeroed = [t for t in (find_tensor({m: module}, key) for m, module in modules.items()) if t is not None]
-    if not zeroed or not all(_plain(t) for t in zeroed) or not any(bool(t.any()) for t in zeroed):
+    if not zeroed or not all(plain(t) for t in zeroed) or not any(bool(t.any()) for t in zeroed):
         return False
     with torch.no_grad():
         for t in zeroed:
@@ -494,7 +469,7 @@ def _bind_zeroed(key: str, modules: Modules) -> bool:
     return True
 
 
-def _plain(t: torch.Tensor) -> bool:
+def plain(t: torch.Tensor) -> bool:
     """A tensor of PyTorch's own, not a subclass (torchao's Int8Tensor weight, which has no bytes of its
     own to compare, and whose binding a loader never sees: lowering flattens it into plain tensors)."""
     return type(t) in (torch.Tensor, torch.nn.Parameter)

@@ -7,6 +7,7 @@ import concurrent.futures
 
 from pytest_ptn.backend import Backend, Loaded, Lowered
 from pytest_ptn.check.findings import Finding, Stage
+from pytest_ptn.mechanisms import Kind, Mechanism
 from pytest_ptn.programs.exported import aliases, constants_of, immutable_by_content, mutable_keys, read_keys
 
 Pair = tuple[str, str]
@@ -55,10 +56,9 @@ def split_identical_findings(storages: dict[Pair, int], groups: Groups) -> list[
         pairs = [p for p in held if p in storages]  # the keys read
         allocations = {storages[p] for p in pairs}
         if len({m for m, _ in pairs}) > 1 and len(allocations) > 1:
+            said = f"identical constants {pairs} occupy {len(allocations)} allocations"
             findings.append(
-                Finding(
-                    "S1", Stage.STORAGE, f"identical constants {pairs} occupy {len(allocations)} allocations"
-                )
+                Finding("S1", Stage.STORAGE, said, mechanisms=(Mechanism(Kind.NOT_SHARED, "", said),))
             )
     return findings
 
@@ -81,5 +81,11 @@ def shared_differing_findings(storages: dict[Pair, int], groups: Groups) -> list
         if first != pair and content[first] != content[pair]:
             rule = "S3" if pair[0] in totally_collided else "S2"
             detail = f"key {pair[1]!r} shares storage with method {first[0]!r}'s {first[1]!r}, other bytes"
-            findings.append(Finding(rule, Stage.STORAGE, detail, pair[0]))
+            # the same name: a binding by name, the loader's one defect whatever the tensor; another name:
+            # sharing on less than the content
+            kind = Kind.BY_NAME if pair[1] == first[1] else Kind.SHARES_DIFFERING
+            how = Mechanism(
+                kind, "", f"method {pair[0]!r}'s {pair[1]!r} is method {first[0]!r}'s {first[1]!r}"
+            )
+            findings.append(Finding(rule, Stage.STORAGE, detail, pair[0], mechanisms=(how,)))
     return findings

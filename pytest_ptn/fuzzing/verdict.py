@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 from pytest_ptn.mechanisms import Kind, Mechanism, Step, raised
 
 if TYPE_CHECKING:
-    from pytest_ptn.backend import Backend
+    from pytest_ptn.backend import Backend, Whose
+    from pytest_ptn.check.earlier import EarlierPrograms
     from pytest_ptn.harness import Case
     from pytest_ptn.spec import ProgramSpec
 
@@ -31,6 +32,8 @@ class Verdict:
 
     mechanisms: tuple[Mechanism, ...]
     message: str
+    whose: frozenset[Whose] = frozenset()
+    """Whose the failure is, where the backend has a witness (a runtime of .pte files)."""
 
     @property
     def keys(self) -> list[str]:
@@ -43,15 +46,21 @@ class Verdict:
 
 
 def judge(
-    backend: Backend, spec: ProgramSpec, workdir: Path, entering: Callable[[Step], None] = lambda step: None
+    backend: Backend,
+    spec: ProgramSpec,
+    workdir: Path,
+    entering: Callable[[Step], None] = lambda step: None,
+    earlier: EarlierPrograms | None = None,
 ) -> Verdict:
     """Lower, load and run ``spec`` on ``backend`` under every load schedule, as ``check_spec`` does; an
     exception at a step is that step's mechanism, a wrong value the mechanisms the checks found for it.
-    ``entering`` is told each step as it starts (where a crash or a hang would be)."""
+    ``entering`` is told each step as it starts (where a crash or a hang would be). ``earlier``: what the
+    programs judged before in this process held, which a cache that outlives its program hands this one;
+    this program joins it once the backend has loaded it."""
     from pytest_ptn.harness import Case, spec_mismatches
     from pytest_ptn.spec import Scenario
 
-    case = Case(backend, Scenario("spec", "", spec), lambda name: workdir)
+    case = Case(backend, Scenario("spec", "", spec), lambda name: workdir, earlier=earlier)
     names = [m.name for m in spec.methods]  # a generated name never goes into a key
     entering(Step.LOWERING)
     lowered = case.lowered()
@@ -59,6 +68,8 @@ def judge(
         return Verdict(
             (raised(Step.LOWERING, lowered, names),), f"lowering failed: {type(lowered).__name__}: {lowered}"
         )
+    if earlier is not None:
+        earlier.add(case.program.export, set(case.program.state_fqns()))
     entering(Step.RUNNING)
     try:
         mismatches = spec_mismatches(case)
@@ -70,7 +81,7 @@ def judge(
     if len(mismatches) > SHOWN_MISMATCHES:
         lines.append(f"  ... and {len(mismatches) - SHOWN_MISMATCHES} more")
     how = tuple(m for mismatch in mismatches for m in mismatch.mechanisms)
-    return Verdict(how, "outputs differ from eager:\n" + "\n".join(lines))
+    return Verdict(how, "outputs differ from eager:\n" + "\n".join(lines), frozenset(case.whose))
 
 
 def _raised_running(case: Case, error: Exception, names: list[str]) -> Verdict:
@@ -82,26 +93,20 @@ def _raised_running(case: Case, error: Exception, names: list[str]) -> Verdict:
     said = f"{type(error).__name__}: {error}"
     error_of = raised(Step.RUNNING, error, names)
     replay = explaining_error(case.replays(), error_of, case.raised_at, names)
-    whose = _whose_error(case)
+    whose, of = _whose_error(case)
     if whose:
         said += f"\n  {whose}"
     if replay is None:
-        return Verdict(
-            (
-                dataclasses.replace(
-                    error_of, detail=f"{error_of.detail}; {whose}" if whose else error_of.detail
-                ),
-            ),
-            said,
-        )
-    return Verdict(replay.mechanisms, f"{said}\n  it is {replay.label}")
+        detail = f"{error_of.detail}; {whose}" if whose else error_of.detail
+        return Verdict((dataclasses.replace(error_of, detail=detail),), said, of)
+    return Verdict(replay.mechanisms, f"{said}\n  it is {replay.label}", of)
 
 
-def _whose_error(case: Case) -> str:
-    """Whose an error is, for a backend with a witness (a runtime of .pte files: executorch.runtime on the
-    same .pte): the witness raising too makes it the lowering's or upstream's, the witness running every
-    call the backend's own. Empty for a backend without one."""
-    from pytest_ptn.backend import LOWERING_FAULT, RUNTIME_FAULT, one_line
+def _whose_error(case: Case) -> tuple[str, frozenset[Whose]]:
+    """Whose an error is, in words and as data, for a backend with a witness (a runtime of .pte files:
+    executorch.runtime on the same .pte): the witness raising too makes it the lowering's or upstream's,
+    the witness running every call the backend's own. Nothing for a backend without one."""
+    from pytest_ptn.backend import LOWERING_FAULT, RUNTIME_FAULT, Whose, one_line
     from pytest_ptn.schedule import LoadSchedule
 
     lowered = case.lowered()
@@ -111,13 +116,13 @@ def _whose_error(case: Case) -> str:
     by = ""
     for witness, schedule in zip(witnesses, LoadSchedule, strict=True):  # a fresh load for each schedule
         if witness is None:
-            return ""
+            return "", frozenset()
         by = witness.by
         try:
             case.run_calls(witness.loaded, case.eager(), schedule)
         except Exception as e:
-            return f"{by} raises {one_line(e)} too: {LOWERING_FAULT}"
-    return f"{by} runs every call: {RUNTIME_FAULT}" if by else ""
+            return f"{by} raises {one_line(e)} too: {LOWERING_FAULT}", frozenset({Whose.LOWERING})
+    return (f"{by} runs every call: {RUNTIME_FAULT}", frozenset({Whose.RUNTIME})) if by else ("", frozenset())
 
 
 class UnlistedMechanism(Exception):

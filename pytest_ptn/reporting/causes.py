@@ -1,22 +1,22 @@
 """Failures grouped by cause: one bug that fails forty tests is one line to read first, not forty.
 
 A failed test carries the mechanisms its checks found (pytest_ptn.mechanisms: a method that read another
-method's tensor of the same name, state that starts zero-filled, a crash at a step, a lowering error, an
-exception), as data; tests that show the same mechanism form one cause. The storage rules' findings (two
-keys with other bytes in one allocation, identical constants not shared, memory) are told by their own
-words. A test with only a symptom (outputs differ, topology differs) joins the cause proven in its own
-(backend, scenario) when exactly one is; otherwise tests with the same symptom form a cause of their own.
+method's tensor of the same name, state that starts zero-filled, two keys with other bytes in one
+allocation, a crash at a step, a lowering error, an exception), and whose it is (backend.Whose), as data;
+tests that show the same mechanism form one cause, and one defect of executorch's lowering shown through
+several backends is one cause naming each. A test with only a symptom (a wrong value nothing explains, a
+check of the test's own) joins the cause proven in its own (backend, scenario) when exactly one is;
+otherwise tests with the same symptom form a cause of their own. No failure text is read for meaning.
 """
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_ptn.backend import LOWERING_FAULT, RUNTIME_FAULT
+from pytest_ptn.backend import LOWERING_FAULT, RUNTIME_FAULT, Whose
 from pytest_ptn.mechanisms import Kind, Mechanism, without_names
 from pytest_ptn.reporting.matrix import Finding, findings
 from pytest_ptn.reporting.reasons import headline, strip_noise
@@ -83,6 +83,16 @@ _CAUSES: dict[Kind, tuple[str, str]] = {
         "a write to state comes back as an extra output and never reaches the state: the lowering dropped "
         "a buffer its method writes without reading (e.g. {detail})",
     ),
+    Kind.SHARES_DIFFERING: (
+        SHARES_DIFFERING,
+        "the loader shares constants whose bytes differ, not only same-named ones: {detail}",
+    ),
+    Kind.NOT_SHARED: (NOT_SHARED, "identical constants of several methods are not shared (e.g. {detail})"),
+    Kind.MEMORY_PENALTY: (MEMORY, "{detail}"),
+    Kind.CROSS_PROGRAM: (
+        CROSS_PROGRAM,
+        "a second program in the process reads the first's data (e.g. at {detail})",
+    ),
     Kind.LOWERING: (LOWERING, "lowering fails: {detail}"),
     Kind.ERROR: (ERROR, "{detail}"),
     Kind.CRASH: (CRASH, "{detail}"),
@@ -90,18 +100,6 @@ _CAUSES: dict[Kind, tuple[str, str]] = {
 }
 """Each mechanism kind's cause and its words (``of``: what sort of tensor or which step; ``detail``: the
 first test's own names). A wrong value nothing explains (UNEXPLAINED) is no cause: its test's symptom is."""
-
-_SHARED = re.compile(
-    r"method '(?P<method>[^']*)': key '(?P<key>[^']*)' shares storage with method '(?P<owner>[^']*)''s "
-    r"'(?P<owner_key>[^']*)', other bytes"
-)
-_DEVIATION = re.compile(r"^(?:[^:]*: )?(?P<call>(?P<where>call #\d+ \S+\(\)): .+)$")
-"""A value of one call that differs, as each copy and schedule of a case words it (after a copy's prefix)."""
-_SCHEDULE = re.compile(r"\s*\((?:every method loaded|methods loaded at their first call)[^()]*\)$")
-"""The load schedule a header names: the same deviation under both schedules is one."""
-_LEAK = "reads the first program's data"
-_NOT_SHARED = re.compile(r"identical constants .* occupy \d+ allocations")
-_MEMORY = "peak constant memory"
 
 
 @dataclass(frozen=True)
@@ -176,44 +174,18 @@ class Cause:
 
 def evidence_of(result: Result) -> Evidence:
     """What a failing result shows about its cause: the first mechanism it carries that accounts for
-    something, else what its text says (a storage rule's finding, a symptom)."""
-    text = result.reason
-    if result.outcome == XPASS or text.startswith(STRICT_XPASS_PREFIX):
+    something, else the first wrong value nothing explains (where it is), else its first line."""
+    if result.outcome == XPASS or result.reason.startswith(STRICT_XPASS_PREFIX):
         return Evidence(STALE, (STALE,), "known failures now pass: remove their stale expectation entries")
     shown = next((m for m in result.mechanisms if m.kind in _CAUSES), None)
     if shown is not None:
         return _of_mechanism(shown)
-    shared = _SHARED.search(text)
-    if shared and shared["key"] == shared["owner_key"]:
-        return Evidence(
-            BY_NAME,
-            (BY_NAME,),
-            f"the loader binds constants by name across methods: method {shared['method']!r}'s "
-            f"{shared['key']!r} is method {shared['owner']!r}'s, other bytes in one allocation",
-        )
-    if shared:
-        return Evidence(
-            SHARES_DIFFERING,
-            (SHARES_DIFFERING,),
-            f"the loader shares constants whose bytes differ, not only same-named ones: method "
-            f"{shared['method']!r}'s {shared['key']!r} is method {shared['owner']!r}'s "
-            f"{shared['owner_key']!r}",
-        )
-    lines = [strip_noise(line.strip()) for line in text.splitlines() if line.strip()]
-    first = lines[0] if lines else ""
-    if _LEAK in text:
-        return Evidence(
-            CROSS_PROGRAM, (CROSS_PROGRAM,), "a second program in the process reads the first's data"
-        )
-    if _NOT_SHARED.search(text):
-        return Evidence(NOT_SHARED, (NOT_SHARED,), "identical constants of several methods are not shared")
-    if _MEMORY in text:
-        return Evidence(MEMORY, (MEMORY,), headline(text))
-    said = first.removesuffix(":") or "fails"  # the header: a symptom's detail differs from test to test
-    deviation = next((m for m in map(_DEVIATION.match, lines[1:]) if m), None)
-    if deviation is not None:  # one deviation, seen by several tests (schedules, E1 and E3): one cause
-        summary = f"{_SCHEDULE.sub('', said)} at {deviation['where']}"  # the detail is the test's to print
-        return Evidence(SYMPTOM, (SYMPTOM, result.scenario or "", deviation["call"]), summary)
+    unexplained = next((m for m in result.mechanisms if m.kind == Kind.UNEXPLAINED and m.detail), None)
+    if unexplained is not None:  # one wrong value, seen by several tests (schedules, E1 and E3): one cause
+        summary = f"a wrong value nothing explains at {unexplained.detail}"
+        return Evidence(SYMPTOM, (SYMPTOM, result.scenario or "", unexplained.detail), summary)
+    lines = [strip_noise(line.strip()) for line in result.reason.splitlines() if line.strip()]
+    said = (lines[0] if lines else "").removesuffix(":") or "fails"
     return Evidence(SYMPTOM, (SYMPTOM, without_names(said)), said)
 
 
@@ -228,9 +200,9 @@ def _of_mechanism(m: Mechanism) -> Evidence:
 def whose(result: Result, evidence: Evidence) -> Evidence:
     """``evidence``, for a backend with a witness (a runtime of .pte files), saying whose the defect is: one
     mechanism the runtime shows and executorch.runtime does not is another cause than the lowering's."""
-    if f": {RUNTIME_FAULT}" in result.reason:
+    if result.whose == Whose.RUNTIME:
         return Evidence(evidence.kind, (*evidence.key, RUNTIME_FAULT), f"{RUNTIME_FAULT}: {evidence.summary}")
-    if f": {LOWERING_FAULT}" in result.reason:
+    if result.whose == Whose.LOWERING:
         said = f"{LOWERING_FAULT} (executorch.runtime does the same): {evidence.summary}"
         return Evidence(evidence.kind, (*evidence.key, LOWERING_FAULT), said)
     return evidence
@@ -251,7 +223,7 @@ def find_causes(results: Iterable[Result]) -> list[Cause]:
             proven.setdefault((f.result.backend, f.result.scenario), set()).add(ev.key)
     first_evidence: dict[tuple[str, tuple[str, ...]], Evidence] = {}
     for f, ev in shown:
-        first_evidence.setdefault((f.result.backend, ev.key), ev)
+        first_evidence.setdefault((_whose_backends(f, ev.key), ev.key), ev)
     groups: dict[tuple[str, tuple[str, ...]], Cause] = {}
     for f, ev in shown:
         key, joined = ev.key, False
@@ -259,10 +231,12 @@ def find_causes(results: Iterable[Result]) -> list[Cause]:
             in_case = proven.get((f.result.backend, f.result.scenario), set())
             if len(in_case) == 1:
                 key, joined = next(iter(in_case)), True
-        ev = first_evidence[(f.result.backend, key)]
-        cause = groups.setdefault((f.result.backend, ev.key), Cause(0, ev, f.result.backend))
+        ev = first_evidence[(_whose_backends(f, key), key)]
+        cause = groups.setdefault((_whose_backends(f, ev.key), ev.key), Cause(0, ev, f.result.backend))
         cause.found.append(f)
         cause.joined += joined
+    for cause in groups.values():  # one defect of the lowering, shown through several backends: each named
+        cause.backend = ", ".join(dict.fromkeys(f.result.backend for f in cause.found))
     ordered = sorted(
         groups.values(),
         key=lambda c: (
@@ -274,6 +248,12 @@ def find_causes(results: Iterable[Result]) -> list[Cause]:
     for number, cause in enumerate(ordered, 1):
         cause.number = number
     return ordered
+
+
+def _whose_backends(f: Finding, key: tuple[str, ...]) -> str:
+    """The backends one cause of evidence ``key`` spans: a defect executorch.runtime shows too is the
+    lowering's or upstream's, one cause whichever backends run that lowering; any other is its backend's."""
+    return "" if LOWERING_FAULT in key else f.result.backend
 
 
 def cause_of(causes: list[Cause]) -> dict[tuple[str, str], int]:

@@ -42,6 +42,7 @@ from typing import Any
 import pytest
 
 from pytest_ptn import mechanisms
+from pytest_ptn.backend import WHOSE_PROPERTY
 from pytest_ptn.fuzzing.tally import PROPERTY as FUZZ_PROPERTY
 from pytest_ptn.fuzzing.tally import FuzzTally
 from pytest_ptn.reporting import render, results, stream
@@ -384,6 +385,7 @@ def _rows(record: _Record, backends: set[str]) -> list[results.Result]:
             mechanisms=mechanisms.from_data(json.loads(props[mechanisms.PROPERTY]))
             if mechanisms.PROPERTY in props
             else (),
+            whose=props.get(WHOSE_PROPERTY),
         )
         for rule in rules
     ]

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pytest_ptn.backend import Whose
 from pytest_ptn.fuzzing.tally import FuzzTally
 from pytest_ptn.mechanisms import Mechanism, from_data
 from pytest_ptn.ruleset import LEVELS, RULES
@@ -79,7 +80,9 @@ class Result:
     """The fuzz test's tally: programs run, and what each mechanism showed in (fuzzing.tally)."""
     mechanisms: tuple[Mechanism, ...] = ()
     """How a failed test's failure came about, as its checks found it (pytest_ptn.mechanisms): what the
-    causes group it by. None found (a rule's own finding, a symptom): the causes read its text."""
+    causes group it by. None found (a check of the test's own): the causes group it by its first line."""
+    whose: str | None = None
+    """Whose a failed test's failure is (a backend.Whose value), where the backend has a witness."""
 
 
 @dataclass(frozen=True)
@@ -208,8 +211,15 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "intermittent": (bool,),
     "fuzz": (dict, type(None)),
     "mechanisms": (list, tuple),  # a tuple before JSON (to_dict), a list after
+    "whose": (str, type(None)),
 }
-OPTIONAL_FIELDS: dict[str, Any] = {"schedule": None, "intermittent": False, "fuzz": None, "mechanisms": []}
+OPTIONAL_FIELDS: dict[str, Any] = {
+    "schedule": None,
+    "intermittent": False,
+    "fuzz": None,
+    "mechanisms": [],
+    "whose": None,
+}
 """Fields a row written before they existed may lack, with the value that means."""
 
 
@@ -241,6 +251,8 @@ def _result(index: int, row: Any) -> Result:
             row["fuzz"] = FuzzTally.from_data(row["fuzz"])
         except ValueError as e:
             raise ResultsFormatError(f"{where}: fuzz: {e}") from None
+    if row["whose"] is not None and row["whose"] not in set(Whose):
+        raise ResultsFormatError(f"{where}: whose must be one of {', '.join(Whose)}, not {row['whose']!r}")
     try:
         row["mechanisms"] = from_data(row["mechanisms"])
     except ValueError as e:
