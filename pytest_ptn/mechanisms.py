@@ -33,6 +33,11 @@ class Kind(enum.StrEnum):
     """Shared state goes back to its initial value when a method loads after others ran: the load copies
     the method's initial values into the one allocation the program shares (executorch's ``load_method``
     with ``share_mutable_buffers``, https://github.com/pytorch/executorch/issues/21958)."""
+    MISINITIALISED = "misinitialised"
+    """State starts from another state's initial value, its memory its own: a lowering gave it the other's
+    slot of initial data (executorch 1.5.1's emitter with ``emit_mutable_buffer_names``: an initialised
+    buffer whose bytes equal a constant's takes that constant's index, which the runtime reads as a slot
+    of mutable data; docs/findings/shared-state-private-state.md)."""
     ONE_MEMORY = "one-memory"
     """Two buffers live in one memory: a write to one changes the other."""
     WRITE_RETURNED = "write-returned"
@@ -94,6 +99,7 @@ LISTABLE_VALUE_KINDS = (
     Kind.PRIVATE_COPY,
     Kind.REINITIALISED,
     Kind.ZERO_FILLED,
+    Kind.MISINITIALISED,
     Kind.ONE_MEMORY,
     Kind.WRITE_RETURNED,
     Kind.SHARED_ARENA,

@@ -307,3 +307,31 @@ def test_a_runtime_that_cannot_load_is_a_usage_error_and_every_backend_is_still_
     assert rows["reference"]["available"] and rows["native"]["available"]
     for name in ("pte", "pte-xnnpack", "pte-external", "pte-shared-state", "ext:portable"):
         assert not rows[name]["available"] and "undefined symbol" in rows[name]["reason"], rows[name]
+
+
+@pytest.mark.usefixtures("executorch")
+def test_state_that_starts_from_another_states_value_is_misinitialised(tmp_path: Path) -> None:
+    """executorch 1.5.1's emitter, under pte-shared-state's flags, gives a state whose bytes equal a
+    constant's that constant's index, which the runtime reads as a slot of mutable data: forward's ``state``
+    starts from m6's ``cache`` (docs/findings/shared-state-private-state.md). A replay that starts it from
+    another state's initial value names it, where nothing did (``unexplained``)."""
+    from pytest_ptn.fuzzing.verdict import judge
+
+    def four(name: str, family: str, first: float) -> Constant:
+        return Constant(name, family, shape=(4,), values=tuple(first + i for i in range(4)))
+
+    spec = ProgramSpec(
+        methods=(
+            Method(
+                "forward",
+                (four("weight", "parameter", 1.0), four("state", "buffer", 1.0)),
+                reads=("weight", "state"),
+                writes=(Write("state"),),
+            ),
+            Method("m6", (four("cache", "buffer", 5.0),), reads=("cache",), writes=(Write("cache"),)),
+        ),
+        calls=("m6", "forward"),
+    )
+    verdict = judge(pte.SharedStateBackend(), spec, tmp_path)
+    assert verdict.keys == ["misinitialised:state"], verdict.message
+    assert "'state' starting from 'cache''s initial value" in verdict.message

@@ -215,7 +215,12 @@ def faulty_replays(
     late_loads = LoadSchedule.AT_FIRST_CALL.loads(list(fresh), names)
     late = {name for i, name in enumerate(names) if i and late_loads[i]}
     faults = list(_faults(base, constants, mutable, buffers, set(names), late))
-    state_faults = [f for f in faults if f.mechanism.of == Role.STATE and f.on_load is None]
+    # a start from another state's value pairs with nothing: its replays grow as states squared already
+    state_faults = [
+        f
+        for f in faults
+        if f.mechanism.of == Role.STATE and f.on_load is None and f.mechanism.kind != Kind.MISINITIALISED
+    ]
     pairs = [
         (first, second)
         for i, first in enumerate(state_faults)
@@ -268,6 +273,7 @@ _ORDER = {
     Kind.REINITIALISED: 1,
     Kind.ONE_MEMORY: 2,
     Kind.ZERO_FILLED: 3,
+    Kind.MISINITIALISED: 3,
 }
 """The order two faults bind in: memory first, then what it starts from (zero-filling one of two buffers
 in one memory zero-fills both)."""
@@ -331,9 +337,18 @@ def _faults(
             f"{key!r} starting zero-filled",
             partial(_bind_zeroed, key),
         )
+    initial = {key: t.detach().clone() for key in states if (t := find_tensor(base, key)) is not None}
+    for key, mine in initial.items():
+        for other, theirs in initial.items():
+            start = _started_from(mine, theirs) if other != key else None
+            if start is not None:
+                yield _Fault(
+                    Mechanism(Kind.MISINITIALISED, Role.STATE, f"{key!r} from {other!r}'s initial value"),
+                    f"{key!r} starting from {other!r}'s initial value",
+                    partial(_bind_initial, key, start),
+                )
     reset = {m: keys for m in sorted(late & set(constants)) if (keys := sorted(mutable & set(constants[m])))}
     if reset:
-        initial = {key: t.detach().clone() for key in states if (t := find_tensor(base, key)) is not None}
         said = "; ".join(f"loading {m}() put {', '.join(map(repr, keys))} back" for m, keys in reset.items())
         yield _Fault(
             Mechanism(Kind.REINITIALISED, Role.STATE, said),
@@ -457,6 +472,27 @@ def _reinitialise(
             t = find_tensor(modules, key)
             if t is not None and key in initial:
                 t.copy_(initial[key])
+
+
+def _started_from(mine: torch.Tensor, theirs: torch.Tensor) -> torch.Tensor | None:
+    """What state ``mine`` holds when it starts from the first bytes of another state's initial value
+    (``theirs``, at least as many bytes): a lowering that gave it the other's slot of initial data. None
+    where that changes nothing, or gives zeros (a zero-filled start, which its own fault names)."""
+    if not (plain(mine) and plain(theirs)) or theirs.nbytes < mine.nbytes or mine.numel() == 0:
+        return None
+    data = bytearray(bytes(tensor_bytes(theirs))[: mine.nbytes])
+    start = torch.frombuffer(data, dtype=mine.dtype).reshape(mine.shape).clone()
+    return None if same_content(start, mine) or not bool(start.any()) else start
+
+
+def _bind_initial(key: str, start: torch.Tensor, modules: Modules) -> bool:
+    """State ``key`` (one tensor every method shares) starts from ``start``."""
+    t = find_tensor(modules, key)
+    if t is None:
+        return False
+    with torch.no_grad():
+        t.copy_(start)
+    return True
 
 
 def _bind_zeroed(key: str, modules: Modules) -> bool:

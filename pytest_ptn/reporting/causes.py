@@ -29,6 +29,7 @@ PRIVATE_STATE = "state copied per method"
 ZERO_FILLED = "tensor starts zero-filled"
 REINITIALISED = "state re-initialised on load"
 ONE_MEMORY = "buffers in one memory"
+MISINITIALISED = "state starts from another's initial value"
 SHARED_ARENA = "state in another method's memory"
 WRITE_RETURNED = "state write returned as an output"
 SHARES_DIFFERING = "different constants share storage"
@@ -68,6 +69,11 @@ _CAUSES: dict[Kind, tuple[str, str]] = {
         ZERO_FILLED,
         "{of} starts zero-filled, not from its initial value: the lowering ships no data for it "
         "(e.g. {detail})",
+    ),
+    Kind.MISINITIALISED: (
+        MISINITIALISED,
+        "state starts from another state's initial value: the lowering gave it the other's slot of initial "
+        "data (e.g. {detail})",
     ),
     Kind.ONE_MEMORY: (
         ONE_MEMORY,
