@@ -31,10 +31,10 @@ def test_generated_programs_match_eager(
     from hypothesis import event, given
 
     from pytest_ptn.check.earlier import EarlierPrograms
-    from pytest_ptn.fuzzing.apart import dies_on_some, judge_apart
-    from pytest_ptn.fuzzing.tally import PROPERTY, FuzzTally
-    from pytest_ptn.fuzzing.verdict import UnlistedMechanism, judge, program_size, unlisted
-    from pytest_ptn.mechanisms import PROPERTY as MECHANISMS
+    from pytest_ptn.fuzzing.apart import dies_on_some, verdict_in_child
+    from pytest_ptn.fuzzing.tally import TALLY_PROPERTY, FuzzTally
+    from pytest_ptn.fuzzing.verdict import UnlistedMechanism, program_size, unlisted, verdict_on
+    from pytest_ptn.mechanisms import PROPERTY as MECHANISMS_PROPERTY
     from pytest_ptn.mechanisms import Mechanism, Step, to_json
     from pytest_ptn.run.state import FAILING_PROGRAMS
     from pytest_ptn.scheduling import crashes
@@ -60,14 +60,14 @@ def test_generated_programs_match_eager(
         crashes.attach(f"the program, as a test:\n\n{reproducer(spec)}")  # shown if the backend crashes
         workdir = tmp_path_factory.mktemp("fuzz")
         if apart:  # a listed crash or hang costs its program only
-            verdict = judge_apart(ptn_backend, spec, workdir, ptn_fuzz.limit, entering)
+            verdict = verdict_in_child(ptn_backend, spec, workdir, ptn_fuzz.limit, entering)
         else:
-            verdict = judge(ptn_backend, spec, workdir, entering, earlier)
+            verdict = verdict_on(ptn_backend, spec, workdir, entering, earlier)
         program = reproducer(spec)
         if program not in drawn:  # hypothesis replays a failing program: one program, counted once
             drawn.add(program)
             tally.add(verdict.keys, listed, program, program_size(spec))
-            ptn_fuzz.judged(len(drawn))
+            ptn_fuzz.progress(len(drawn))
         for key in verdict.keys:
             event(f"ptn mechanism {key}: {'listed' if key in listed else 'UNLISTED'}")
         new = verdict.unlisted(listed)
@@ -88,13 +88,13 @@ def test_generated_programs_match_eager(
             raise
         found = list(unlisted_ones.exceptions)
     finally:
-        request.node.user_properties.append((PROPERTY, tally.finish(listed).to_json()))
+        request.node.user_properties.append((TALLY_PROPERTY, tally.finish(listed).to_json()))
     # Hypothesis replays each failing (nightly: shrunk) program last; its notes, which repeat the program,
     # stay behind with its exception: each program is printed once, as a test.
     backend = dict(request.node.user_properties).get("ptn_backend", ptn_backend.name)
     keys = [getattr(e, "key", "") for e in found]
     request.node.stash[FAILING_PROGRAMS] = [failed[key] for key in keys]
-    request.node.user_properties.append((MECHANISMS, to_json(shown[key] for key in keys)))
+    request.node.user_properties.append((MECHANISMS_PROPERTY, to_json(shown[key] for key in keys)))
     if (whose := whose_of(w for key in keys for w in whose_shown[key])) is not None:
         request.node.user_properties.append((WHOSE_PROPERTY, whose.value))
     parts = [

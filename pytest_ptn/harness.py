@@ -415,14 +415,10 @@ class Case:
         self, calls: list[EagerCall], deviations: list[Deviation]
     ) -> dict[int, tuple[Mechanism, ...]]:
         """For each call of ``deviations`` nothing else explains: the tensors of its method the lowered
-        package binds, by name, to a stored tensor of another dtype or shape than the method's own that
-        another method binds too (a scalar lowering lifted as ``_lifted_tensor_constant0``, the name of a
-        method's own buffer), as the package itself says (``Lowered.package``); one no other method binds is
-        that method's own layout, not another's tensor. No replay can bind them: the method's graph refuses
-        a tensor of another dtype. One of the same dtype and shape but other bytes is another method's,
-        which the replays already bind."""
-        from pytest_ptn.backend import Capability, Entry
-        from pytest_ptn.programs.exported import constants_of
+        package binds by name to another method's stored tensor of another dtype or shape
+        (check.package.bound_elsewhere)."""
+        from pytest_ptn.backend import Capability
+        from pytest_ptn.check.package import bound_elsewhere
 
         lowered = self.lowered()
         if (
@@ -431,37 +427,8 @@ class Case:
             or isinstance(lowered, Exception)
         ):
             return {}
-        view = lowered.package()
-        exports = self.program.export()
-        methods = {calls[d.call].method for d in deviations}
-        own = {m: constants_of(exports[m]) for m in methods}
-        buffers = {m: set(exports[m].graph_signature.buffers) for m in methods}
-        out: dict[int, tuple[Mechanism, ...]] = {}
-        for d in deviations:
-            method = calls[d.call].method
-            may_read = self._may_read(method, d)
-            found = []
-            for key, final in sorted(view.bindings.get(method, {}).items()):
-                entry, use = view.entries.get(view.aliases.get(final, final)), own[method].get(key)
-                if entry is None or use is None or use.mutable or not may_read(key):
-                    continue
-                bound = sorted(m for m, keys in view.bindings.items() if final in keys.values())
-                others = [f"{m}()" for m in bound if m != method]
-                if others and (entry.dtype, entry.shape) != (
-                    (mine := Entry.of(use.tensor)).dtype,
-                    mine.shape,
-                ):
-                    found.append(
-                        Mechanism(
-                            Kind.BY_NAME,
-                            Role.BUFFER if key in buffers[method] else Role.CONSTANT,
-                            f"the package binds {key!r} of {method}() to {final!r}, a {entry.dtype} "
-                            f"tensor of shape {entry.shape} also bound by {', '.join(others)}",
-                        )
-                    )
-            if found:
-                out[d.call] = tuple(found)
-        return out
+        wrong = [(d.call, calls[d.call].method, self._may_read(calls[d.call].method, d)) for d in deviations]
+        return bound_elsewhere(lowered.package(), self.program.export(), wrong)
 
     def _planned_together(
         self, calls: list[EagerCall], deviations: list[Deviation]

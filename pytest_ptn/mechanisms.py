@@ -93,21 +93,117 @@ class Step(enum.StrEnum):
     """Loading its methods and calling them, under every load schedule."""
 
 
-LISTABLE_VALUE_KINDS = (
-    Kind.BY_NAME,
-    Kind.LOOKALIKE,
-    Kind.PRIVATE_COPY,
-    Kind.REINITIALISED,
-    Kind.ZERO_FILLED,
-    Kind.MISINITIALISED,
-    Kind.ONE_MEMORY,
-    Kind.WRITE_RETURNED,
-    Kind.SHARED_ARENA,
-)
+@dataclass(frozen=True)
+class Traits:
+    """What the project says of one mechanism kind, in one place: the cause it makes, the roles its key
+    names, and where a replay binds it."""
+
+    cause: str
+    """The cause it makes in the reports (pytest_ptn.reporting.causes): what tests are grouped under."""
+    words: str
+    """The cause's sentence: ``{of}`` what it involves, ``{detail}`` the first test's own names."""
+    roles: frozenset[Role] = frozenset()
+    """The sorts of tensor its key names (``kind:role``), for a kind that accounts for wrong values; none
+    for one keyed by a step (an error, a crash) or by nothing."""
+    storage: bool = False
+    """A storage rule's finding (S1-S6), which a drawn program never shows."""
+    binding_order: int | None = None
+    """Where a replay that binds two faults at once binds this one (check.explain): memory first, then
+    what it starts from (zero-filling one of two buffers in one memory zero-fills both)."""
+
+
+_ANY = frozenset(Role)
+
+TRAITS: dict[Kind, Traits] = {
+    Kind.BY_NAME: Traits(
+        "constants shared by name",
+        "the loader binds constants by name across methods: {detail}, another tensor of that name",
+        _ANY,
+        binding_order=0,
+    ),
+    Kind.LOOKALIKE: Traits(
+        "constants shared by less than their content",
+        "the loader shares constants whose content only looks the same (the same bytes under another dtype "
+        "or shape, equal but for a few elements): a cache or dedupe keyed on less than dtype, shape and "
+        "every byte: {detail}",
+        _ANY,
+        binding_order=0,
+    ),
+    Kind.PRIVATE_COPY: Traits(
+        "state copied per method",
+        "each method gets a private copy of the state the program shares: a write by one method is not seen "
+        "by the others (e.g. {detail})",
+        _ANY,
+        binding_order=1,
+    ),
+    Kind.REINITIALISED: Traits(
+        "state re-initialised on load",
+        "loading a method after others ran puts the state the program shares back to its initial value: "
+        "the load copies initial values into the one shared allocation (e.g. {detail})",
+        _ANY,
+        binding_order=1,
+    ),
+    Kind.ZERO_FILLED: Traits(
+        "tensor starts zero-filled",
+        "{of} starts zero-filled, not from its initial value: the lowering ships no data for it "
+        "(e.g. {detail})",
+        _ANY,
+        binding_order=3,
+    ),
+    Kind.MISINITIALISED: Traits(
+        "state starts from another's initial value",
+        "state starts from another state's initial value: the lowering gave it the other's slot of initial "
+        "data (e.g. {detail})",
+        _ANY,
+        binding_order=3,
+    ),
+    Kind.ONE_MEMORY: Traits(
+        "buffers in one memory",
+        "two buffers live in one memory: a write to one changes the other (e.g. {detail})",
+        _ANY,
+        binding_order=2,
+    ),
+    Kind.WRITE_RETURNED: Traits(
+        "state write returned as an output",
+        "a write to state comes back as an extra output and never reaches the state: the lowering dropped "
+        "a buffer its method writes without reading (e.g. {detail})",
+        _ANY,
+    ),
+    Kind.SHARED_ARENA: Traits(
+        "state in another method's memory",
+        "state lives where another method keeps tensors, as the lowered program's memory plan says: "
+        "what that method leaves there is what the state reads (e.g. {detail})",
+        _ANY,
+    ),
+    Kind.SHARES_DIFFERING: Traits(
+        "different constants share storage",
+        "the loader shares constants whose bytes differ, not only same-named ones: {detail}",
+        storage=True,
+    ),
+    Kind.NOT_SHARED: Traits(
+        "identical constants not shared",
+        "identical constants of several methods are not shared (e.g. {detail})",
+        storage=True,
+    ),
+    Kind.MEMORY_PENALTY: Traits("memory penalty", "{detail}", storage=True),
+    Kind.CROSS_PROGRAM: Traits(
+        "data leaks between programs",
+        "a second program in the process reads the first's data (e.g. at {detail})",
+        storage=True,
+    ),
+    Kind.LOWERING: Traits("lowering error", "lowering fails: {detail}"),
+    Kind.ERROR: Traits("error", "{detail}"),
+    Kind.CRASH: Traits("crash", "{detail}"),
+    Kind.HANG: Traits("hang", "{detail}"),
+}
+"""Every kind but UNEXPLAINED, which is no cause (a wrong value nothing accounts for: its test's symptom is)
+and which no expectation lists."""
+
+LISTABLE_VALUE_KINDS = tuple(kind for kind, traits in TRAITS.items() if traits.roles)
 """The kinds that account for wrong values (and for errors a faulty binding reproduces); their key is
 ``kind:tensor``."""
 
-STORAGE_KINDS = (Kind.SHARES_DIFFERING, Kind.NOT_SHARED, Kind.MEMORY_PENALTY, Kind.CROSS_PROGRAM)
+STORAGE_KINDS = tuple(kind for kind, traits in TRAITS.items() if traits.storage)
 """The kinds the storage rules' tests find in a loader's allocations or across programs; a drawn program
 never shows one, so no list of the fuzz's known failures holds one."""
 

@@ -588,7 +588,7 @@ def ptn_fuzz(request: pytest.FixtureRequest, ptn_backend: Backend, ptn_fuzz_shar
     spec = _callspec_param(request.node, "ptn_backend") or ptn_backend.name
     listed = state.listed_mechanisms(spec) if spec in state.classes else {}
     run = FuzzRun(profile, state.seed, ptn_fuzz_share, listed)
-    run.judged = fuzz_progress(request.config, spec, ptn_fuzz_share, run.budget)
+    run.progress = fuzz_progress(request.config, spec, ptn_fuzz_share, run.budget)
     run.limit = hangs.limit(request.config)
     return run
 

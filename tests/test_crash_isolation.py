@@ -156,9 +156,9 @@ def test_a_crashed_step_fails_later_tests_of_its_case_at_once(tmp_path: Path) ->
     with pytest.raises(
         crashes.CrashedEarlier, match=r"killed by SIGSEGV \(Segmentation fault\) in t.py::test"
     ) as earlier:
-        log.enter(crashes.Step("b", "s", "loading"))
+        log.enter(crashes.Activity("b", "s", "loading"))
     assert earlier.value.mechanism.key == mechanism.key
-    log.enter(crashes.Step("b", "s", "lowering"))  # another step of the case still runs
+    log.enter(crashes.Activity("b", "s", "lowering"))  # another step of the case still runs
 
 
 def test_a_crash_an_expectation_lists_is_that_expected_failure(crashing: pytest.Pytester) -> None:

@@ -76,7 +76,7 @@ def test_a_crash_key_comes_from_how_the_process_ended_never_from_its_words(tmp_p
     )
     _, first = crashes.crash_report(tmp_path, "gw0", -42, "t.py::test_E1[b-s-up_front]", None, {})
     with pytest.raises(crashes.CrashedEarlier) as later:
-        crashes.WorkerLog(tmp_path, "gw1").enter(crashes.Step("b", "s", "loading"))
+        crashes.WorkerLog(tmp_path, "gw1").enter(crashes.Activity("b", "s", "loading"))
     assert later.value.mechanism.key == first.key == "crash:running:signal"
     assert "t.py" not in later.value.mechanism.key
 
@@ -229,7 +229,7 @@ def test_a_buffer_the_package_binds_to_a_tensor_lowering_minted_is_by_name(tmp_p
     graph wants int32, so the package itself is the evidence (``Case._stored_otherwise``)."""
     pytest.importorskip("executorch")
     from pytest_ptn.backends.native.backend import NativeBackend
-    from pytest_ptn.fuzzing.verdict import judge
+    from pytest_ptn.fuzzing.verdict import verdict_on
     from pytest_ptn.spec import Constant, Method, ProgramSpec
 
     lifted = Constant(
@@ -244,10 +244,20 @@ def test_a_buffer_the_package_binds_to_a_tensor_lowering_minted_is_by_name(tmp_p
         ),
         calls=("forward", "decoder"),
     )
-    verdict = judge(NativeBackend(), spec, tmp_path)
+    verdict = verdict_on(NativeBackend(), spec, tmp_path)
     assert verdict.keys == ["by-name:buffer"], verdict.message
     said = "binds '_lifted_tensor_constant0' of decoder() to '_lifted_tensor_constant0', a float32 tensor of "
     assert said + "shape () also bound by forward()" in verdict.message, verdict.message
+
+    # check_program reads the same package (check.package.bound_elsewhere): one judge (issue 58)
+    from pytest_ptn.check import check_program
+    from pytest_ptn.programs.build import Program
+
+    program = Program(spec)
+    inputs = {m: program.example_inputs(m) for m in program.method_names}
+    found = check_program(program.modules(), inputs, backend=NativeBackend(), workdir=tmp_path / "check")
+    keys = {m.key for f in found if f.rule == "E1" and f.call is not None for m in f.mechanisms}
+    assert "by-name:buffer" in keys, [str(f) for f in found]
 
 
 def _two_dtypes_one_name() -> ProgramSpec:
@@ -272,15 +282,15 @@ def test_an_error_a_by_name_binding_reproduces_is_by_name_not_its_message(
     from broken_backends import BindsByKey
 
     from pytest_ptn.check import check_program
-    from pytest_ptn.fuzzing.verdict import judge
+    from pytest_ptn.fuzzing.verdict import verdict_on
     from pytest_ptn.programs.build import Program
 
     (tmp_path / "fuzz").mkdir()
     (tmp_path / "clean").mkdir()
-    verdict = judge(BindsByKey(), _two_dtypes_one_name(), tmp_path / "fuzz")
+    verdict = verdict_on(BindsByKey(), _two_dtypes_one_name(), tmp_path / "fuzz")
     assert verdict.keys == ["by-name:constant"], verdict.message
     assert "Tensor dtype mismatch" in verdict.message and "'w' raises" in verdict.message
-    assert judge(ReferenceBackend(), _two_dtypes_one_name(), tmp_path / "clean").keys == []
+    assert verdict_on(ReferenceBackend(), _two_dtypes_one_name(), tmp_path / "clean").keys == []
 
     program = Program(_two_dtypes_one_name())
     inputs = {m: program.example_inputs(m) for m in program.method_names}
@@ -291,7 +301,7 @@ def test_an_error_a_by_name_binding_reproduces_is_by_name_not_its_message(
 
 def test_an_error_no_binding_reproduces_keeps_its_message_key(tmp_path: Path, warm_torch: None) -> None:
     """A backend that raises for its own reasons is not blamed on a binding: the key is its message."""
-    from pytest_ptn.fuzzing.verdict import judge
+    from pytest_ptn.fuzzing.verdict import verdict_on
 
     class Refuses(ReferenceBackend):  # refuses every call
         name = "refuses"
@@ -305,7 +315,7 @@ def test_an_error_no_binding_reproduces_keeps_its_message_key(tmp_path: Path, wa
             loaded.run = run
             return loaded
 
-    verdict = judge(Refuses(), _two_dtypes_one_name(), tmp_path)
+    verdict = verdict_on(Refuses(), _two_dtypes_one_name(), tmp_path)
     assert verdict.keys == ["error:running:RuntimeError: kernel for … missing: code NxN"]
 
 
@@ -335,9 +345,9 @@ def test_each_wrong_value_may_be_another_fault_s(tmp_path: Path, warm_torch: Non
     so the call is explained, not ``unexplained`` (the nightly's 17 programs of 50 before)."""
     from defect_corpus import IntegerConstantsZeroFilled
 
-    from pytest_ptn.fuzzing.verdict import judge
+    from pytest_ptn.fuzzing.verdict import verdict_on
 
-    verdict = judge(IntegerConstantsZeroFilled(), _two_integers_read_together(), tmp_path)
+    verdict = verdict_on(IntegerConstantsZeroFilled(), _two_integers_read_together(), tmp_path)
     assert verdict.keys == ["zero-filled:buffer", "zero-filled:constant"], verdict.message
 
 
@@ -349,7 +359,7 @@ def test_a_metadata_only_cache_is_lookalike_or_by_name_never_unexplained(
     content), under the same name ``by-name``."""
     from broken_backends import MetadataOnly
 
-    from pytest_ptn.fuzzing.verdict import judge
+    from pytest_ptn.fuzzing.verdict import verdict_on
     from pytest_ptn.spec import Constant, Method
 
     spec = ProgramSpec(
@@ -359,7 +369,7 @@ def test_a_metadata_only_cache_is_lookalike_or_by_name_never_unexplained(
         ),
         calls=("prefill", "decode"),
     )
-    verdict = judge(MetadataOnly(), spec, tmp_path)
+    verdict = verdict_on(MetadataOnly(), spec, tmp_path)
     assert verdict.keys == ["lookalike:constant"], verdict.message
 
 
@@ -399,7 +409,7 @@ def test_a_cache_that_outlives_its_program_is_by_name_in_the_fuzz(
     import broken_backends
 
     from pytest_ptn.check.earlier import EarlierPrograms
-    from pytest_ptn.fuzzing.verdict import judge
+    from pytest_ptn.fuzzing.verdict import verdict_on
     from pytest_ptn.spec import Constant, Method
 
     monkeypatch.setattr(broken_backends, "PROCESS_WIDE", {})
@@ -412,10 +422,10 @@ def test_a_cache_that_outlives_its_program_is_by_name_in_the_fuzz(
     verdicts = []
     for i, (dtype, seed) in enumerate([("float32", 1), ("float32", 2), ("int32", 3)]):
         (tmp_path / str(i)).mkdir()
-        verdicts.append(judge(backend, program(dtype, seed), tmp_path / str(i), earlier=earlier))
+        verdicts.append(verdict_on(backend, program(dtype, seed), tmp_path / str(i), earlier=earlier))
     assert [v.keys for v in verdicts] == [[], ["by-name:constant"], ["by-name:constant"]], [
         v.message for v in verdicts
     ]
     assert "the first tensors this process loaded under the same method and name" in verdicts[1].message
     (tmp_path / "alone").mkdir()
-    assert judge(backend, program("float32", 4), tmp_path / "alone").keys != ["by-name:constant"]
+    assert verdict_on(backend, program("float32", 4), tmp_path / "alone").keys != ["by-name:constant"]

@@ -358,7 +358,7 @@ def test_a_hung_step_fails_later_tests_of_its_case_at_once(tmp_path: Path) -> No
         crashes.CrashedEarlier,
         match=r"loading s on b hung earlier in this run, not retried: no progress for 30 s in t.py::test",
     ) as earlier:
-        log.enter(crashes.Step("b", "s", "loading"))
+        log.enter(crashes.Activity("b", "s", "loading"))
     assert earlier.value.mechanism.key == "hang:running"
 
 

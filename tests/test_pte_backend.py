@@ -187,7 +187,7 @@ def test_state_another_methods_memory_changes_is_shown_by_the_same_program_witho
     own calls on the same lowered program gives its value otherwise, evidence enough that m6 made it wrong, so
     no method is lowered alone (seconds a program under the nightly fuzz)."""
     from pytest_ptn.check.alone import MethodsAlone
-    from pytest_ptn.fuzzing.verdict import judge
+    from pytest_ptn.fuzzing.verdict import verdict_on
 
     def lowered_alone(*args: object) -> None:
         raise AssertionError("a method was lowered alone")
@@ -195,7 +195,7 @@ def test_state_another_methods_memory_changes_is_shown_by_the_same_program_witho
     monkeypatch.setattr(MethodsAlone, "run", lowered_alone)
 
     spec = _state_in_another_methods_memory()
-    verdict = judge(pte.PteBackend(), spec, tmp_path)
+    verdict = verdict_on(pte.PteBackend(), spec, tmp_path)
     assert verdict.keys == ["shared-arena:state"], verdict.message
     assert "with no other method's calls, this program's output 0 is" in verdict.message, verdict.message
 
@@ -219,7 +219,7 @@ def test_private_states_of_two_sizes_in_one_memory_are_one_memory(tmp_path: Path
     """pte-shared-state (share_mutable_buffers) loads forward's (4,) state holding the first four values of
     encoder's (2, 4) one: the replay of two buffers in one memory puts the smaller at the start of the
     larger, and that gives forward's first value (drawn by program_specs() under hypothesis seed 7)."""
-    from pytest_ptn.fuzzing.verdict import judge
+    from pytest_ptn.fuzzing.verdict import verdict_on
 
     spec = ProgramSpec(
         methods=(
@@ -254,7 +254,7 @@ def test_private_states_of_two_sizes_in_one_memory_are_one_memory(tmp_path: Path
         ),
         calls=("forward", "encoder", "prefill"),
     )
-    verdict = judge(pte.SharedStateBackend(), spec, tmp_path)
+    verdict = verdict_on(pte.SharedStateBackend(), spec, tmp_path)
     assert verdict.keys == ["one-memory:state"], verdict.message
     assert "buffers 'encoder_state' and 'forward_state' in one memory" in verdict.message
 
@@ -315,7 +315,7 @@ def test_state_that_starts_from_another_states_value_is_misinitialised(tmp_path:
     constant's that constant's index, which the runtime reads as a slot of mutable data: forward's ``state``
     starts from m6's ``cache`` (docs/findings/shared-state-private-state.md). A replay that starts it from
     another state's initial value names it, where nothing did (``unexplained``)."""
-    from pytest_ptn.fuzzing.verdict import judge
+    from pytest_ptn.fuzzing.verdict import verdict_on
 
     def four(name: str, family: str, first: float) -> Constant:
         return Constant(name, family, shape=(4,), values=tuple(first + i for i in range(4)))
@@ -332,6 +332,6 @@ def test_state_that_starts_from_another_states_value_is_misinitialised(tmp_path:
         ),
         calls=("m6", "forward"),
     )
-    verdict = judge(pte.SharedStateBackend(), spec, tmp_path)
+    verdict = verdict_on(pte.SharedStateBackend(), spec, tmp_path)
     assert verdict.keys == ["misinitialised:state"], verdict.message
     assert "'state' starting from 'cache''s initial value" in verdict.message

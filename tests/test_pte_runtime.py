@@ -144,7 +144,7 @@ def test_the_fuzz_says_whose_an_error_is(tmp_path: Path) -> None:
     lowering's) or runs every call (the runtime's own): a runtime that refuses every call is its own."""
     from pte_runtimes import ExecutorchRuntime, _Executorch
 
-    from pytest_ptn.fuzzing.verdict import judge
+    from pytest_ptn.fuzzing.verdict import verdict_on
     from pytest_ptn.spec import Constant, Method, ProgramSpec
 
     class _Refuses(_Executorch):
@@ -165,7 +165,7 @@ def test_the_fuzz_says_whose_an_error_is(tmp_path: Path) -> None:
     )
     with warnings.catch_warnings():  # upstream's (executorch.runtime is experimental), as the plugin's are
         warnings.simplefilter("ignore")
-        verdict = judge(Refuses.variant("portable")(), spec, tmp_path)
+        verdict = verdict_on(Refuses.variant("portable")(), spec, tmp_path)
     assert verdict.keys == ["error:running:RuntimeError: execute('…') failed"], verdict.message
     assert f"executorch.runtime on the same .pte runs every call: {RUNTIME_FAULT}" in verdict.message
     assert RUNTIME_FAULT in verdict.mechanisms[0].detail
@@ -194,3 +194,35 @@ def test_an_accuracy_failure_says_whose_it_is_too(
     rows = json.loads((pytester.path / "out" / "results.json").read_text())["results"]
     failed = [r for r in rows if r["rule"] == "A1" and r["outcome"] == "fail"]
     assert failed and all(f": {LOWERING_FAULT}" in r["reason"] for r in failed), rows
+
+
+def test_executorch_s_own_runtime_is_never_blamed_and_one_upstream_bug_is_one_cause(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """executorch.runtime wrapped as a third-party runtime has every upstream bug and none of its own: over
+    the scenarios where executorch's lowerings fail (a cond's reshape elided, state re-initialised on a late
+    load), on two lowerings, no cause blames the runtime, every cause says whose it is (as data:
+    results.json's ``whose``), and a bug that shows on both lowerings is one cause naming both (issue 60)."""
+    tests = str(Path(__file__).parent)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [tests, os.environ.get("PYTHONPATH")])))
+    lowerings = ("portable", "shared-state")
+    pytester.runpytest_subprocess(
+        str(suite_path()),
+        *[f"--ptn-backend=pte_runtimes:ExecutorchRuntime@{lowering}" for lowering in lowerings],
+        "--ptn-no-expectations",
+        "-k",
+        "(cond_constants or kv_cache) and not bf16 and not fp16 and not fuzz",
+        "-p",
+        "no:cacheprovider",
+        "--ptn-report",
+        "out",
+    )
+    data = json.loads((pytester.path / "out" / "results.json").read_text())
+    failed = [r for r in data["results"] if r["outcome"] == "fail"]
+    assert failed, "executorch's lowerings fail nothing here any more: pick scenarios they still fail"
+    assert all(r["whose"] == "lowering" for r in failed), [(r["nodeid"], r["whose"]) for r in failed]
+    found = data["causes"]
+    assert all(RUNTIME_FAULT not in c["summary"] and LOWERING_FAULT in c["summary"] for c in found), found
+    both = {f"et-runtime@{lowering}" for lowering in lowerings}
+    assert any(set(c["backend"].split(", ")) == both for c in found), found  # the cond's elided reshape
+    assert len({c["summary"] for c in found}) == len(found), found

@@ -18,7 +18,7 @@ import torch
 from pytest_ptn.check.execution import Call, flat
 from pytest_ptn.check.findings import Difference, Finding, Stage
 from pytest_ptn.instruments.content import digest, same_content, tensor_bytes
-from pytest_ptn.mechanisms import Kind, Mechanism, Role, without_names
+from pytest_ptn.mechanisms import TRAITS, Kind, Mechanism, Role, without_names
 from pytest_ptn.programs.exported import constants_of, mutable_keys
 from pytest_ptn.programs.source import UserProgram, exported_eager, find_tensor, set_tensor
 from pytest_ptn.reference.planner import ConstantUse
@@ -228,9 +228,9 @@ def faulty_replays(
         if first.mechanism.kind != second.mechanism.kind
     ]
     out = []
-    for chosen in [(f,) for f in faults] + sorted(pairs, key=lambda p: [_ORDER[f.mechanism.kind] for f in p]):
+    for chosen in [(f,) for f in faults] + sorted(pairs, key=lambda p: [_binding_order(f) for f in p]):
         modules = copy.deepcopy(base)
-        if not all(fault.bind(modules) for fault in sorted(chosen, key=lambda f: _ORDER[f.mechanism.kind])):
+        if not all(fault.bind(modules) for fault in sorted(chosen, key=_binding_order)):
             continue
         label = " and ".join(f.label for f in chosen)
         how = tuple(f.mechanism for f in chosen)
@@ -266,17 +266,9 @@ class _Fault:
     """A binding of a tensor that shares only dtype and shape with the method's own (Replay.weak)."""
 
 
-_ORDER = {
-    Kind.BY_NAME: 0,
-    Kind.LOOKALIKE: 0,
-    Kind.PRIVATE_COPY: 1,
-    Kind.REINITIALISED: 1,
-    Kind.ONE_MEMORY: 2,
-    Kind.ZERO_FILLED: 3,
-    Kind.MISINITIALISED: 3,
-}
-"""The order two faults bind in: memory first, then what it starts from (zero-filling one of two buffers
-in one memory zero-fills both)."""
+def _binding_order(fault: _Fault) -> int:
+    """Where ``fault`` binds when a replay binds two at once (mechanisms.Traits.binding_order)."""
+    return TRAITS[fault.mechanism.kind].binding_order or 0
 
 
 def _faults(
@@ -338,9 +330,9 @@ def _faults(
             partial(_bind_zeroed, key),
         )
     initial = {key: t.detach().clone() for key in states if (t := find_tensor(base, key)) is not None}
-    for key, mine in initial.items():
-        for other, theirs in initial.items():
-            start = _started_from(mine, theirs) if other != key else None
+    for key, value in initial.items():
+        for other, other_value in initial.items():
+            start = _started_from(value, other_value) if other != key else None
             if start is not None:
                 yield _Fault(
                     Mechanism(Kind.MISINITIALISED, Role.STATE, f"{key!r} from {other!r}'s initial value"),

@@ -20,6 +20,7 @@ from pytest_ptn.schedule import LoadSchedule
 if TYPE_CHECKING:
     from pytest_ptn.check.alone import CallAlone
     from pytest_ptn.check.execution import Compared
+    from pytest_ptn.mechanisms import Mechanism
 
 ACCURACY = "A1"
 """The rule a deviation from eager that the method shows alone too is reported under."""
@@ -56,6 +57,8 @@ def judged(backend: Backend, program: UserProgram, sequence: list, workdir: Path
         return findings
     findings = explain(findings, returned, program, sequence)
     findings = in_planned_memory(findings, lowered, sequence)
+    if Capability.PACKAGE in backend.capabilities:
+        findings = in_package(findings, lowered, program, sequence)
     explained = {f.call for f in findings if any(isolation_only(m) for m in f.mechanisms)}
     findings, accuracy = judge.apart(findings, differing, explained)
     findings += accuracy
@@ -86,29 +89,49 @@ def judged(backend: Backend, program: UserProgram, sequence: list, workdir: Path
     return findings
 
 
+def in_package(
+    findings: list[Finding], lowered: Lowered, program: UserProgram, sequence: list
+) -> list[Finding]:
+    """``findings``, each wrong value nothing else explains saying which tensor of its method the package
+    binds, by name, to another method's stored tensor of another dtype or shape (check.package)."""
+    from pytest_ptn.check.package import bound_elsewhere
+
+    wrong = [
+        (f.call, sequence[f.call][0], lambda key: True) for f in findings if _bare(f) and f.call is not None
+    ]
+    if not wrong:
+        return findings
+    stored = bound_elsewhere(lowered.package(), program.export(), wrong)
+    return _with(findings, stored)
+
+
+def _bare(f: Finding) -> bool:
+    """A wrong value of the call sequence nothing has explained yet."""
+    return f.rule == "E1" and f.stage == Stage.COMPARE and f.call is not None and not f.mechanisms
+
+
+def _with(findings: list[Finding], found: dict[int, tuple[Mechanism, ...]]) -> list[Finding]:
+    """``findings``, each bare one whose call ``found`` has mechanisms for saying them."""
+    return [
+        dataclasses.replace(
+            f, detail=f"{f.detail}; {'; '.join(m.detail for m in found[f.call])}", mechanisms=found[f.call]
+        )
+        if _bare(f) and f.call in found
+        else f
+        for f in findings
+    ]
+
+
 def in_planned_memory(findings: list[Finding], lowered: Lowered, sequence: list) -> list[Finding]:
     """``findings``, each wrong value no replay explains saying which state of its method the lowered
     program's own memory plan puts where a method that ran before it keeps tensors (check.memory_plan):
     what that method left there is what the state reads (``shared-arena:state``)."""
     from pytest_ptn.check.memory_plan import planned_together
 
-    def bare(f: Finding) -> bool:
-        return f.rule == "E1" and f.stage == Stage.COMPARE and f.call is not None and not f.mechanisms
-
-    wrong = [(f.call, lambda key: True) for f in findings if bare(f) and f.call is not None]
+    wrong = [(f.call, lambda key: True) for f in findings if _bare(f) and f.call is not None]
     if not wrong:
         return findings
-    planned = planned_together(lowered.shared_memory(), [name for name, _ in sequence], wrong)
-    return [
-        dataclasses.replace(
-            f,
-            detail=f"{f.detail}; {'; '.join(m.detail for m in planned[f.call])}",
-            mechanisms=planned[f.call],
-        )
-        if bare(f) and f.call in planned
-        else f
-        for f in findings
-    ]
+    return _with(findings, planned_together(lowered.shared_memory(), [name for name, _ in sequence], wrong))
 
 
 class Judge:

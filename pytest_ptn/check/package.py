@@ -1,10 +1,19 @@
-"""P1-P5 on a program's package view: check_program's findings, and the conformance P tests' verdicts."""
+"""P1-P5 on a program's package view: check_program's findings, and the conformance P tests' verdicts; and
+the package as evidence of how a wrong value came about (``bound_elsewhere``), which the scenario tests, the
+fuzz and check_program ask alike."""
 
 from __future__ import annotations
 
-from pytest_ptn.backend import PackageView
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
+
+from pytest_ptn.backend import Entry, PackageView
 from pytest_ptn.check.findings import Finding, Stage
+from pytest_ptn.mechanisms import Kind, Mechanism, Role
 from pytest_ptn.programs.exported import constants_of, mutable_keys, unique_immutable_bytes
+
+if TYPE_CHECKING:
+    from torch.export import ExportedProgram
 
 
 def package_findings(view: PackageView, programs: dict) -> list[Finding]:
@@ -79,3 +88,43 @@ def state_alias_findings(view: PackageView) -> list[Finding]:
         for alias, owner in view.aliases.items()
         if alias in view.state_keys or owner in view.state_keys
     ]
+
+
+def bound_elsewhere(
+    view: PackageView,
+    exports: Mapping[str, ExportedProgram],
+    wrong: Iterable[tuple[int, str, Callable[[str], bool]]],
+) -> dict[int, tuple[Mechanism, ...]]:
+    """For each wrong value (``wrong``: its call, the call's method, and whether a key may be what it read):
+    the tensors of its method the package binds, by name, to a stored tensor of another dtype or shape than
+    the method's own that another method binds too (a scalar lowering lifted as ``_lifted_tensor_constant0``,
+    the name of a method's own buffer), as the package itself says; one no other method binds is that
+    method's own layout, not another's tensor. No replay can bind them: the method's graph refuses a tensor
+    of another dtype. One of the same dtype and shape but other bytes is another method's, which the replays
+    already bind."""
+    out: dict[int, tuple[Mechanism, ...]] = {}
+    for call, method, may_read in wrong:
+        own, buffers = constants_of(exports[method]), set(exports[method].graph_signature.buffers)
+        found = []
+        for key, final in sorted(view.bindings.get(method, {}).items()):
+            entry, use = view.entries.get(view.aliases.get(final, final)), own.get(key)
+            if entry is None or use is None or use.mutable or not may_read(key):
+                continue
+            others = [
+                f"{m}()"
+                for m, keys in sorted(view.bindings.items())
+                if m != method and final in keys.values()
+            ]
+            mine = Entry.of(use.tensor)
+            if others and (entry.dtype, entry.shape) != (mine.dtype, mine.shape):
+                found.append(
+                    Mechanism(
+                        Kind.BY_NAME,
+                        Role.BUFFER if key in buffers else Role.CONSTANT,
+                        f"the package binds {key!r} of {method}() to {final!r}, a {entry.dtype} tensor of "
+                        f"shape {entry.shape} also bound by {', '.join(others)}",
+                    )
+                )
+        if found:
+            out[call] = tuple(found)
+    return out

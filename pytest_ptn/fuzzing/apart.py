@@ -21,7 +21,7 @@ import traceback
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from pytest_ptn.fuzzing.verdict import Verdict, judge
+from pytest_ptn.fuzzing.verdict import Verdict, verdict_on
 from pytest_ptn.instruments.clean_interpreter import InterpreterGone, clean_interpreter
 from pytest_ptn.instruments.process_end import ProcessEnd
 from pytest_ptn.mechanisms import Kind, Step, crashed, hung
@@ -41,7 +41,7 @@ def dies_on_some(listed: set[str]) -> bool:
     return any(key.partition(":")[0] in (Kind.CRASH.value, Kind.HANG.value) for key in listed)
 
 
-def judge_apart(
+def verdict_in_child(
     backend: Backend,
     spec: ProgramSpec,
     workdir: Path,
@@ -100,7 +100,7 @@ def _serve(requests: IO[bytes], answers: IO[bytes]) -> None:
     try:
         cls = referenced_class(reference)
         cls.load_runtime()
-        verdict = judge(cls(), spec, Path(workdir), lambda step: send("step", step.value))
+        verdict = verdict_on(cls(), spec, Path(workdir), lambda step: send("step", step.value))
     except Exception:
         send("error", traceback.format_exc())
         return

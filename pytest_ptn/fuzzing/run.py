@@ -24,7 +24,7 @@ class FuzzShare:
 
 class FuzzRun:
     """The ``ptn_fuzz`` fixture: a decorator giving a ``@given`` test the run's fuzz profile and seed (its
-    share of them), the mechanisms the backend's expectations list (``listed``), ``judged`` to say how
+    share of them), the mechanisms the backend's expectations list (``listed``), ``progress`` to say how
     many programs it has judged of its ``budget`` (shown on the terminal while a long fuzz runs), and the
     run's hang ``limit``."""
 
@@ -38,7 +38,7 @@ class FuzzRun:
             if profile.derandomize
             else -(-profile.max_examples // share.count)
         )
-        self.judged: Callable[[int], None] = lambda done: None
+        self.progress: Callable[[int], None] = lambda done: None
         self.limit = 0.0
         """Seconds a program judged apart may say nothing before it is hung (0: no limit)."""
 

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-PROPERTY = "ptn_fuzz"
+TALLY_PROPERTY = "ptn_fuzz"
 """The user property a fuzz test's tally travels in (JSON)."""
 
 

@@ -45,7 +45,7 @@ class Verdict:
         return [k for k in self.keys if k not in listed]
 
 
-def judge(
+def verdict_on(
     backend: Backend,
     spec: ProgramSpec,
     workdir: Path,

@@ -17,95 +17,33 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_ptn.backend import LOWERING_FAULT, RUNTIME_FAULT, Whose
-from pytest_ptn.mechanisms import Kind, Mechanism, without_names
+from pytest_ptn.mechanisms import TRAITS, Kind, Mechanism, without_names
 from pytest_ptn.reporting.matrix import Finding, findings
 from pytest_ptn.reporting.reasons import headline, strip_noise
 from pytest_ptn.reporting.results import FAIL, XPASS, Result, rule_sort_key
 from pytest_ptn.ruleset import STRICT_XPASS_PREFIX
 
-BY_NAME = "constants shared by name"
-LOOKALIKE = "constants shared by less than their content"
-PRIVATE_STATE = "state copied per method"
-ZERO_FILLED = "tensor starts zero-filled"
-REINITIALISED = "state re-initialised on load"
-ONE_MEMORY = "buffers in one memory"
-MISINITIALISED = "state starts from another's initial value"
-SHARED_ARENA = "state in another method's memory"
-WRITE_RETURNED = "state write returned as an output"
-SHARES_DIFFERING = "different constants share storage"
-NOT_SHARED = "identical constants not shared"
-MEMORY = "memory penalty"
-CROSS_PROGRAM = "data leaks between programs"
-CRASH = "crash"
-HANG = "hang"
-LOWERING = "lowering error"
-ERROR = "error"
+BY_NAME = TRAITS[Kind.BY_NAME].cause
+LOOKALIKE = TRAITS[Kind.LOOKALIKE].cause
+PRIVATE_STATE = TRAITS[Kind.PRIVATE_COPY].cause
+ZERO_FILLED = TRAITS[Kind.ZERO_FILLED].cause
+REINITIALISED = TRAITS[Kind.REINITIALISED].cause
+ONE_MEMORY = TRAITS[Kind.ONE_MEMORY].cause
+MISINITIALISED = TRAITS[Kind.MISINITIALISED].cause
+SHARED_ARENA = TRAITS[Kind.SHARED_ARENA].cause
+WRITE_RETURNED = TRAITS[Kind.WRITE_RETURNED].cause
+SHARES_DIFFERING = TRAITS[Kind.SHARES_DIFFERING].cause
+NOT_SHARED = TRAITS[Kind.NOT_SHARED].cause
+MEMORY = TRAITS[Kind.MEMORY_PENALTY].cause
+CROSS_PROGRAM = TRAITS[Kind.CROSS_PROGRAM].cause
+CRASH = TRAITS[Kind.CRASH].cause
+HANG = TRAITS[Kind.HANG].cause
+LOWERING = TRAITS[Kind.LOWERING].cause
+ERROR = TRAITS[Kind.ERROR].cause
 STALE = "stale expectation"
 SYMPTOM = "symptom"
-"""The kinds of cause; every kind but SYMPTOM is evidence of a defect, SYMPTOM only shows one."""
-
-_CAUSES: dict[Kind, tuple[str, str]] = {
-    Kind.BY_NAME: (
-        BY_NAME,
-        "the loader binds constants by name across methods: {detail}, another tensor of that name",
-    ),
-    Kind.LOOKALIKE: (
-        LOOKALIKE,
-        "the loader shares constants whose content only looks the same (the same bytes under another dtype "
-        "or shape, equal but for a few elements): a cache or dedupe keyed on less than dtype, shape and "
-        "every byte: {detail}",
-    ),
-    Kind.PRIVATE_COPY: (
-        PRIVATE_STATE,
-        "each method gets a private copy of the state the program shares: a write by one method is not seen "
-        "by the others (e.g. {detail})",
-    ),
-    Kind.REINITIALISED: (
-        REINITIALISED,
-        "loading a method after others ran puts the state the program shares back to its initial value: "
-        "the load copies initial values into the one shared allocation (e.g. {detail})",
-    ),
-    Kind.ZERO_FILLED: (
-        ZERO_FILLED,
-        "{of} starts zero-filled, not from its initial value: the lowering ships no data for it "
-        "(e.g. {detail})",
-    ),
-    Kind.MISINITIALISED: (
-        MISINITIALISED,
-        "state starts from another state's initial value: the lowering gave it the other's slot of initial "
-        "data (e.g. {detail})",
-    ),
-    Kind.ONE_MEMORY: (
-        ONE_MEMORY,
-        "two buffers live in one memory: a write to one changes the other (e.g. {detail})",
-    ),
-    Kind.SHARED_ARENA: (
-        SHARED_ARENA,
-        "state lives where another method keeps tensors, as the lowered program's memory plan says: "
-        "what that method leaves there is what the state reads (e.g. {detail})",
-    ),
-    Kind.WRITE_RETURNED: (
-        WRITE_RETURNED,
-        "a write to state comes back as an extra output and never reaches the state: the lowering dropped "
-        "a buffer its method writes without reading (e.g. {detail})",
-    ),
-    Kind.SHARES_DIFFERING: (
-        SHARES_DIFFERING,
-        "the loader shares constants whose bytes differ, not only same-named ones: {detail}",
-    ),
-    Kind.NOT_SHARED: (NOT_SHARED, "identical constants of several methods are not shared (e.g. {detail})"),
-    Kind.MEMORY_PENALTY: (MEMORY, "{detail}"),
-    Kind.CROSS_PROGRAM: (
-        CROSS_PROGRAM,
-        "a second program in the process reads the first's data (e.g. at {detail})",
-    ),
-    Kind.LOWERING: (LOWERING, "lowering fails: {detail}"),
-    Kind.ERROR: (ERROR, "{detail}"),
-    Kind.CRASH: (CRASH, "{detail}"),
-    Kind.HANG: (HANG, "{detail}"),
-}
-"""Each mechanism kind's cause and its words (``of``: what sort of tensor or which step; ``detail``: the
-first test's own names). A wrong value nothing explains (UNEXPLAINED) is no cause: its test's symptom is."""
+"""The kinds of cause, each mechanism kind's as pytest_ptn.mechanisms.TRAITS names it; every kind but
+SYMPTOM is evidence of a defect, SYMPTOM only shows one."""
 
 
 @dataclass(frozen=True)
@@ -183,7 +121,7 @@ def evidence_of(result: Result) -> Evidence:
     something, else the first wrong value nothing explains (where it is), else its first line."""
     if result.outcome == XPASS or result.reason.startswith(STRICT_XPASS_PREFIX):
         return Evidence(STALE, (STALE,), "known failures now pass: remove their stale expectation entries")
-    shown = next((m for m in result.mechanisms if m.kind in _CAUSES), None)
+    shown = next((m for m in result.mechanisms if m.kind in TRAITS), None)
     if shown is not None:
         return _of_mechanism(shown)
     unexplained = next((m for m in result.mechanisms if m.kind == Kind.UNEXPLAINED and m.detail), None)
@@ -198,9 +136,9 @@ def evidence_of(result: Result) -> Evidence:
 def _of_mechanism(m: Mechanism) -> Evidence:
     """A mechanism's cause: one per key (a by-name read of any sort of tensor is the loader's one defect,
     as the storage rules' by-name finding is), in its words."""
-    kind, words = _CAUSES[m.kind]
-    key = (BY_NAME,) if m.kind == Kind.BY_NAME else (kind, m.key)
-    return Evidence(kind, key, headline(words.format(of=m.of, detail=m.detail or m.key)))
+    traits = TRAITS[m.kind]
+    key = (BY_NAME,) if m.kind == Kind.BY_NAME else (traits.cause, m.key)
+    return Evidence(traits.cause, key, headline(traits.words.format(of=m.of, detail=m.detail or m.key)))
 
 
 def whose(result: Result, evidence: Evidence) -> Evidence:

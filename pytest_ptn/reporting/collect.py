@@ -43,8 +43,7 @@ import pytest
 
 from pytest_ptn import mechanisms
 from pytest_ptn.backend import WHOSE_PROPERTY
-from pytest_ptn.fuzzing.tally import PROPERTY as FUZZ_PROPERTY
-from pytest_ptn.fuzzing.tally import FuzzTally
+from pytest_ptn.fuzzing.tally import TALLY_PROPERTY, FuzzTally
 from pytest_ptn.reporting import render, results, stream
 from pytest_ptn.ruleset import (
     MUST,
@@ -381,7 +380,7 @@ def _rows(record: _Record, backends: set[str]) -> list[results.Result]:
             schedule=props.get("ptn_schedule"),
             intermittent=props.get(INTERMITTENT_PROPERTY) == "1"
             and record.outcome in results.INTERMITTENT_OUTCOMES,
-            fuzz=FuzzTally.from_data(json.loads(props[FUZZ_PROPERTY])) if FUZZ_PROPERTY in props else None,
+            fuzz=FuzzTally.from_data(json.loads(props[TALLY_PROPERTY])) if TALLY_PROPERTY in props else None,
             mechanisms=mechanisms.from_data(json.loads(props[mechanisms.PROPERTY]))
             if mechanisms.PROPERTY in props
             else (),

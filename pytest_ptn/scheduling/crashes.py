@@ -47,7 +47,7 @@ class CrashedEarlier(Exception):
 
 
 @dataclass
-class Step:
+class Activity:
     """What a worker is doing inside a case, written down before it does it; outside any case (no
     ``scenario``): a call into the backend itself (``calling availability()``)."""
 
@@ -85,7 +85,7 @@ class WorkerLog:
     def say(self, **words: Any) -> None:
         self.last_words.write_text(json.dumps(words))
 
-    def enter(self, step: Step, known: bool = True, limited: bool = True) -> None:
+    def enter(self, step: Activity, known: bool = True, limited: bool = True) -> None:
         """Note the step; fail it at once if it crashed a worker earlier in this run (for a ``known``
         scenario: an ad-hoc program's name does not tell two programs apart). ``limited``: False where the
         step runs in a child process that has a limit of its own, and this worker only waits for it."""
@@ -166,7 +166,7 @@ def enter(backend: str, scenario: str, step: str, known: bool = True, limited: b
     """Called before each backend step of a case (a no-op outside an isolated worker); ``limited``: False
     for a step run in a child process with a time limit of its own."""
     if _worker is not None:
-        _worker.enter(Step(backend, scenario, step), known, limited)
+        _worker.enter(Activity(backend, scenario, step), known, limited)
 
 
 @contextlib.contextmanager
@@ -176,24 +176,24 @@ def calling(backend: str, call: str) -> Iterator[None]:
     if _worker is None:
         yield
         return
-    _worker.enter(Step(backend, "", f"calling {call}"), known=False)
+    _worker.enter(Activity(backend, "", f"calling {call}"), known=False)
     try:
         yield
     finally:
         _worker.idle()
 
 
-def last_step(folder: Path, worker_id: str) -> Step | None:
+def last_step(folder: Path, worker_id: str) -> Activity | None:
     """The step a worker last said it was entering, if any."""
     try:
         said = json.loads(_read(folder / f"{worker_id}.last") or "{}")
     except ValueError:
         return None
     step = said.get("step") if isinstance(said, dict) else None
-    return Step(**step) if isinstance(step, dict) else None
+    return Activity(**step) if isinstance(step, dict) else None
 
 
-def _step_key(step: Step) -> str:
+def _step_key(step: Activity) -> str:
     return f"{step.backend}::{step.scenario}::{step.step}"
 
 
@@ -286,7 +286,7 @@ def crash_report(
     where = ""
     stage, verb = mechanisms.Step.RUNNING, "running"
     if isinstance(step, dict):
-        current = Step(**step)
+        current = Activity(**step)
         where = f" while {current.describe()}"
         stage, verb = current.stage, current.step
         crashed = read_crashed_steps(folder)
