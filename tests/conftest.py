@@ -13,7 +13,8 @@ EXTRAS = {
 }
 """pyproject's optional extras that tests need, by the modules each installs: a test marked
 ``@pytest.mark.extra(NAME)`` skips, naming the extra, where they are missing, so the README's install line
-gives the same verdicts as one with every extra (.ci/run runs ``-m extra`` again once they are in)."""
+gives the same verdicts as one with every extra (.ci/run runs ``-m extra`` again once they are in, the arm
+extra's in a venv of its own: .ci/arm_tests.sh)."""
 
 
 def pytest_configure(config: pytest.Config) -> None:
