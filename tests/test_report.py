@@ -291,6 +291,7 @@ def test_results_json(suite: pytest.Pytester) -> None:
         "intermittent",
         "fuzz",
         "mechanisms",
+        "whose",
     }
     assert all(set(row) == fields for row in rows.values())
     outcomes = {key: row["outcome"] for key, row in rows.items()}
