@@ -226,7 +226,8 @@ def test_the_fuzz_finds_a_new_bug_behind_pte_s_known_ones(
 def test_a_buffer_the_package_binds_to_a_tensor_lowering_minted_is_by_name(tmp_path: Path) -> None:
     """native's package holds the scalar forward() lifts as '_lifted_tensor_constant0', the name of decoder's
     own non-persistent buffer, and binds decoder's buffer to it: no replay can bind a float scalar where the
-    graph wants int32, so the package itself is the evidence (``Case._stored_otherwise``)."""
+    graph wants int32, so the package itself is the evidence (``check.package.bound_elsewhere``, in the
+    fuzz and check_program alike)."""
     pytest.importorskip("executorch")
     from pytest_ptn.backends.native.backend import NativeBackend
     from pytest_ptn.fuzzing.verdict import verdict_on
