@@ -223,6 +223,6 @@ def test_executorch_s_own_runtime_is_never_blamed_and_one_upstream_bug_is_one_ca
     assert all(r["whose"] == "lowering" for r in failed), [(r["nodeid"], r["whose"]) for r in failed]
     found = data["causes"]
     assert all(RUNTIME_FAULT not in c["summary"] and LOWERING_FAULT in c["summary"] for c in found), found
-    both = {f"et-runtime@{lowering}" for lowering in lowerings}
+    both = {f"pte_runtimes:ExecutorchRuntime@{lowering}" for lowering in lowerings}
     assert any(set(c["backend"].split(", ")) == both for c in found), found  # the cond's elided reshape
     assert len({c["summary"] for c in found}) == len(found), found
