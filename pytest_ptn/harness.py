@@ -504,7 +504,8 @@ class Case:
             else set()
         )
         eager = [c.outputs for c in calls]
-        return explanations(replays, [r.outputs for r in ran], wrong, schedule, late, eager)
+        shown = self.earlier.shown if self.earlier is not None else None
+        return explanations(replays, [r.outputs for r in ran], wrong, schedule, late, eager, shown)
 
     def _late_only(self, calls: list[EagerCall], ran: list[Ran], wrong: dict[int, str]) -> set[int]:
         """The calls of ``wrong`` (run with each method loaded at its first call) whose values a fresh load

@@ -18,6 +18,7 @@ from pytest_ptn.mechanisms import (
     Kind,
     Mechanism,
     MechanismKeyError,
+    Role,
     Step,
     check_key,
     crashed,
@@ -430,3 +431,28 @@ def test_a_cache_that_outlives_its_program_is_by_name_in_the_fuzz(
     assert "the first tensors this process loaded under the same method and name" in verdicts[1].message
     (tmp_path / "alone").mkdir()
     assert verdict_on(backend, program("float32", 4), tmp_path / "alone").keys != ["by-name:constant"]
+
+
+def test_a_tie_one_program_cannot_break_goes_to_the_kind_earlier_programs_showed() -> None:
+    """Two bindings of different kinds may give one program's wrong value, or raise its error, alike (a
+    dedupe that ignores dtype binds a float tensor where another method's same-named float tensor would
+    raise the same "Tensor dtype mismatch"). One bug shows as one kind in every program: the kind the
+    process's earlier programs showed most takes the tie; with nothing shown, the replays' own order."""
+    import torch
+
+    from pytest_ptn.check.explain import Replay, explaining_error, explanations
+
+    error = RuntimeError("Tensor dtype mismatch! Expected: Int, Got: float")
+    by_name = Mechanism(Kind.BY_NAME, Role.BUFFER, "method 'm6' read method 'prefill''s '_scale_1'")
+    alike = Mechanism(Kind.LOOKALIKE, Role.BUFFER, "method 'm6' read 'prefill''s 'bias' for its '_scale_1'")
+    raising = [Replay("by name", [], (by_name,), error, 0), Replay("alike", [], (alike,), error, 0)]
+    said = raised(Step.RUNNING, error)
+    assert explaining_error(raising, said, 0) is raising[0]
+    assert explaining_error(raising, said, 0, shown={Kind.LOOKALIKE: 3, Kind.BY_NAME: 1}) is raising[1]
+
+    wrong = [[torch.tensor([2.0])]]
+    giving = [Replay("by name", wrong, (by_name,)), Replay("alike", wrong, (alike,))]
+    found = explanations(giving, wrong, {0: "m6"})
+    assert found[0][0] is giving[0]
+    found = explanations(giving, wrong, {0: "m6"}, shown={Kind.LOOKALIKE: 2})
+    assert found[0][0] is giving[1]

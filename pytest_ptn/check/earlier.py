@@ -7,7 +7,8 @@ one backend, names such a bug by whatever else happens to fit (a lookalike, an e
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import torch
 from torch.export import ExportedProgram
@@ -23,12 +24,19 @@ from pytest_ptn.programs.source import exported_eager, set_tensor
 class EarlierPrograms:
     """The first tensor each name held among the programs ``add``-ed (in the order they loaded): by method
     and key (a cache keyed by the name a package gives, ``method/key``), and by key alone (one keyed by the
-    name the method's graph gives). A cache keeps the first tensor it saw under a name."""
+    name the method's graph gives). A cache keeps the first tensor it saw under a name. And the kinds of
+    mechanism those programs showed (``shown``): what breaks a tie between two kinds that one program
+    cannot tell apart."""
 
     def __init__(self) -> None:
         self.by_method_and_key: dict[tuple[str, str], torch.Tensor] = {}
         self.by_key: dict[str, torch.Tensor] = {}
+        self.shown: Counter[Kind] = Counter()
         self._pending: list[tuple[Callable[[], Mapping[str, ExportedProgram]], set[str]]] = []
+
+    def showed(self, found: Iterable[Mechanism]) -> None:
+        """Count the kinds a program showed, each once."""
+        self.shown.update({m.kind for m in found})
 
     def add(self, exports: Callable[[], Mapping[str, ExportedProgram]], mutable: set[str]) -> None:
         """Record a program the backend loaded (``exports`` makes its exports, read only when a later
@@ -41,8 +49,9 @@ class EarlierPrograms:
                 for key, use in constants_of(ep).items():
                     if key in mutable or use.mutable or not plain(use.tensor):
                         continue
-                    self.by_method_and_key.setdefault((method, key), use.tensor.detach().clone())
-                    self.by_key.setdefault(key, use.tensor.detach().clone())
+                    t = use.tensor.detach().clone()
+                    self.by_method_and_key.setdefault((method, key), t)
+                    self.by_key.setdefault(key, t)
         self._pending.clear()
 
     def replays(

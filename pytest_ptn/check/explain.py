@@ -95,6 +95,7 @@ def explanations(
     schedule: LoadSchedule | None = None,
     late_only: Collection[int] = (),
     eager: Sequence[Sequence[torch.Tensor]] | None = None,
+    shown: Mapping[Kind, int] | None = None,
 ) -> dict[int, tuple[Replay, ...]]:
     """For each wrong call (``wrong``: call -> its method) whose outputs, ``returned`` by the backend with
     its methods loaded as ``schedule`` says, faulty bindings account for: the replays that give them. With
@@ -104,7 +105,9 @@ def explanations(
     one bug that shows on several calls is one mechanism, not the first of several that each fit some
     call. A replay of a fault of loading (``Replay.schedule``) accounts only for the calls of ``late_only``,
     whose values loading every method up front does not give, and is taken first where it accounts for as
-    much as another; a weak one (``Replay.weak``) last; otherwise single faults come before pairs."""
+    much as another; then the one of a kind the process's earlier programs showed most (``shown``: one bug
+    shows as one kind in every program, and one program cannot always tell two kinds apart); a weak one
+    (``Replay.weak``) last; otherwise single faults come before pairs."""
     items = {call: _wrong_elements(call, returned[call], eager[call] if eager else None) for call in wrong}
     items = {call: wanted for call, wanted in items.items() if wanted}
     fits: list[tuple[Replay, set[tuple[int, int, int]]]] = []
@@ -117,7 +120,15 @@ def explanations(
             fits.append((replay, given))
     chosen: dict[tuple[int, int, int], Replay] = {}
     while fits:
-        replay, given = max(fits, key=lambda fit: (len(fit[1]), fit[0].schedule is not None, not fit[0].weak))
+        replay, given = max(
+            fits,
+            key=lambda fit: (
+                len(fit[1]),
+                fit[0].schedule is not None,
+                _shown(fit[0], shown),
+                not fit[0].weak,
+            ),
+        )
         chosen |= dict.fromkeys(given, replay)
         fits = [(r, rest) for r, g in fits if (rest := g - given)]
     return {
@@ -125,6 +136,11 @@ def explanations(
         for call, wanted in items.items()
         if wanted <= chosen.keys()
     }
+
+
+def _shown(replay: Replay, shown: Mapping[Kind, int] | None) -> int:
+    """How many of the process's earlier programs showed the kind of ``replay``'s mechanisms."""
+    return max((shown.get(m.kind, 0) for m in replay.mechanisms), default=0) if shown else 0
 
 
 def _wrong_elements(
@@ -175,14 +191,19 @@ def mechanisms_of(replays: Sequence[Replay]) -> tuple[Mechanism, ...]:
 
 
 def explaining_error(
-    replays: Replays, error: Mechanism, call: int | None, names: Iterable[str] = ()
+    replays: Replays,
+    error: Mechanism,
+    call: int | None,
+    names: Iterable[str] = (),
+    shown: Mapping[Kind, int] | None = None,
 ) -> Replay | None:
     """The first replay that raises what the backend raised while running (``error``, its mechanism, whose
     detail is the exception's type and first line) at the same call (``call``; None: where it raised is not
     known), single faults before pairs and a weak one (``Replay.weak``) last: the binding that makes the
     program fail as the backend does. The same is the same type and message but for what varies between
     programs (``names``: the program's method names), the whole message or the part a backend's own
-    wrapping quotes (native's "node 'mul' failed: RuntimeError: ...")."""
+    wrapping quotes (native's "node 'mul' failed: RuntimeError: ..."); where several raise the same, the
+    one of a kind the process's earlier programs showed most (``shown``)."""
     raising = [
         (r, f"{type(r.error).__name__}: {str(r.error).strip().splitlines()[0].strip()}")
         for r in replays
@@ -193,9 +214,9 @@ def explaining_error(
     # that raises it but for what varies
     for same in (lambda said: said, lambda said: without_names(said, names)):
         mine = same(error.detail)
-        for r, theirs in raising:
-            if same(theirs) in mine:
-                return r
+        alike = [r for r, theirs in raising if same(theirs) in mine]
+        if alike:  # several bindings may raise one message: the kind the earlier programs showed most
+            return max(alike, key=lambda r: _shown(r, shown))
     return None
 
 

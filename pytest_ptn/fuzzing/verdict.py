@@ -55,8 +55,9 @@ def verdict_on(
     """Lower, load and run ``spec`` on ``backend`` under every load schedule, as ``check_spec`` does; an
     exception at a step is that step's mechanism, a wrong value the mechanisms the checks found for it.
     ``entering`` is told each step as it starts (where a crash or a hang would be). ``earlier``: what the
-    programs judged before in this process held, which a cache that outlives its program hands this one;
-    this program joins it once the backend has loaded it."""
+    programs judged before in this process held, which a cache that outlives its program hands this one,
+    and what they showed, which breaks a tie between kinds one program cannot tell apart; this program
+    joins it once the backend has loaded it."""
     from pytest_ptn.harness import Case, spec_mismatches
     from pytest_ptn.spec import Scenario
 
@@ -74,7 +75,12 @@ def verdict_on(
     try:
         mismatches = spec_mismatches(case)
     except Exception as e:  # the backend raised while loading or running
-        return _raised_running(case, e, names)
+        verdict = _raised_running(case, e, names)
+        if earlier is not None:
+            earlier.showed(verdict.mechanisms)
+        return verdict
+    if earlier is not None:
+        earlier.showed(m for mismatch in mismatches for m in mismatch.mechanisms)
     if not mismatches:
         return Verdict((), "")
     lines = [f"  {m}" for m in mismatches[:SHOWN_MISMATCHES]]
@@ -92,7 +98,8 @@ def _raised_running(case: Case, error: Exception, names: list[str]) -> Verdict:
 
     said = f"{type(error).__name__}: {error}"
     error_of = raised(Step.RUNNING, error, names)
-    replay = explaining_error(case.replays(), error_of, case.raised_at, names)
+    shown = case.earlier.shown if case.earlier is not None else None
+    replay = explaining_error(case.replays(), error_of, case.raised_at, names, shown)
     whose, of = _whose_error(case)
     if whose:
         said += f"\n  {whose}"
