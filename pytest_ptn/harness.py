@@ -497,7 +497,7 @@ class Case:
         """What faulty bindings give for each call of ``wrong`` they account for (check.explain)."""
         from pytest_ptn.check.explain import explanations
 
-        replays = self.replays(calls)
+        replays = self.replays(calls, earlier=False)
         late = (
             self._late_only(calls, ran, wrong)
             if schedule is LoadSchedule.AT_FIRST_CALL and any(r.schedule for r in replays)
@@ -505,6 +505,12 @@ class Case:
         )
         eager = [c.outputs for c in calls]
         shown = self.earlier.shown if self.earlier is not None else None
+        found = explanations(replays, [r.outputs for r in ran], wrong, schedule, late, eager, shown)
+        if self.earlier is None or all(any(not r.weak for r in found.get(call, ())) for call in wrong):
+            return found
+        # something the program alone does not account for, or only by metadata: what earlier programs held
+        # (exported only now, for the few programs that need it)
+        replays = self.replays(calls)
         return explanations(replays, [r.outputs for r in ran], wrong, schedule, late, eager, shown)
 
     def _late_only(self, calls: list[EagerCall], ran: list[Ran], wrong: dict[int, str]) -> set[int]:
@@ -516,9 +522,10 @@ class Case:
             return set()
         return {call for call in wrong if not _same_outputs(ran[call].outputs, up_front[call].outputs)}
 
-    def replays(self, calls: list[EagerCall] | None = None) -> Replays:
+    def replays(self, calls: list[EagerCall] | None = None, earlier: bool = True) -> Replays:
         """The faulty-binding replays of ``calls`` (by default the case's sequence), made once for every test
-        of the case that runs them (check.explain.faulty_replays); none for a quantized program, whose own
+        of the case that runs them (check.explain.faulty_replays), and, unless ``earlier`` is False, those
+        bound to what earlier programs held (``self.earlier``); none for a quantized program, whose own
         ``_read_elsewhere`` says whose constant it read."""
         from pytest_ptn.check.alone import identity
         from pytest_ptn.check.explain import faulty_replays
@@ -532,7 +539,7 @@ class Case:
         mutable = set(self.program.state_fqns())
         if key not in replays:
             replays[key] = faulty_replays(self.program.export(), mutable, sequence)
-        if self.earlier is None:
+        if self.earlier is None or not earlier:
             return replays[key]
         if key not in self._earlier_replays:
             self._earlier_replays[key] = self.earlier.replays(self.program.export(), mutable, sequence)

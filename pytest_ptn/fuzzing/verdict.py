@@ -99,7 +99,9 @@ def _raised_running(case: Case, error: Exception, names: list[str]) -> Verdict:
     said = f"{type(error).__name__}: {error}"
     error_of = raised(Step.RUNNING, error, names)
     shown = case.earlier.shown if case.earlier is not None else None
-    replay = explaining_error(case.replays(), error_of, case.raised_at, names, shown)
+    replay = explaining_error(case.replays(earlier=False), error_of, case.raised_at, names, shown)
+    if replay is None or replay.weak:  # what earlier programs held, only where the program alone falls short
+        replay = explaining_error(case.replays(), error_of, case.raised_at, names, shown)
     whose, of = _whose_error(case)
     if whose:
         said += f"\n  {whose}"
