@@ -104,7 +104,7 @@ def test_two_programs_in_one_process_do_not_leak(
             said = f"call #{i} {call.method}() of the second program reads the first program's data"
             if leaked is None:  # the evidence, made once: the first program's tensors bound by name
                 earlier = EarlierPrograms()
-                earlier.add(ptn_case.program.export, set(ptn_case.program.state_fqns()))
+                earlier.add(ptn_case.program.export)
                 sequence = [(c.method, c.inputs) for c in calls]
                 leaked = earlier.replays(other.export(), set(other.state_fqns()), sequence)
             giving = [r for r in leaked if r.error is None and _same_values(got, r.outputs[i])]

@@ -17,7 +17,7 @@ from pytest_ptn.check.execution import Call, flat
 from pytest_ptn.check.explain import Replay, plain
 from pytest_ptn.instruments.content import same_content
 from pytest_ptn.mechanisms import Kind, Mechanism, Role
-from pytest_ptn.programs.exported import constants_of
+from pytest_ptn.programs.exported import constants_of, mutable_keys
 from pytest_ptn.programs.source import exported_eager, set_tensor
 
 
@@ -32,22 +32,24 @@ class EarlierPrograms:
         self.by_method_and_key: dict[tuple[str, str], torch.Tensor] = {}
         self.by_key: dict[str, torch.Tensor] = {}
         self.shown: Counter[Kind] = Counter()
-        self._pending: list[tuple[Callable[[], Mapping[str, ExportedProgram]], set[str]]] = []
+        self._pending: list[Callable[[], dict[str, ExportedProgram]]] = []
 
     def showed(self, found: Iterable[Mechanism]) -> None:
         """Count the kinds a program showed, each once."""
         self.shown.update({m.kind for m in found})
 
-    def add(self, exports: Callable[[], Mapping[str, ExportedProgram]], mutable: set[str]) -> None:
-        """Record a program the backend loaded (``exports`` makes its exports, read only when a later
-        program needs the record: most never do; ``mutable``: its state's keys, which are not recorded)."""
-        self._pending.append((exports, mutable))
+    def add(self, exports: Callable[[], dict[str, ExportedProgram]]) -> None:
+        """Record a program the backend loaded: ``exports`` makes its exports, read only when a later
+        program needs the record (most never do), and its state, which no cache by name keeps, is left out."""
+        self._pending.append(exports)
 
     def _recorded(self) -> None:
-        for exports, mutable in self._pending:
-            for method, ep in exports().items():
+        for exports in self._pending:
+            programs = exports()
+            mutable = mutable_keys(programs)
+            for method, ep in programs.items():
                 for key, use in constants_of(ep).items():
-                    if key in mutable or use.mutable or not plain(use.tensor):
+                    if key in mutable or not plain(use.tensor):
                         continue
                     t = use.tensor.detach().clone()
                     self.by_method_and_key.setdefault((method, key), t)
@@ -63,6 +65,7 @@ class EarlierPrograms:
         self._recorded()
         out: list[Replay] = []
         seen: list[dict[tuple[str, str], torch.Tensor]] = []
+        constants = {method: constants_of(ep) for method, ep in programs.items()}
         for scope, of in (
             ("under the same method and name", lambda method, key: self.by_method_and_key.get((method, key))),
             ("under the same name", lambda method, key: self.by_key.get(key)),
@@ -71,7 +74,7 @@ class EarlierPrograms:
             roles: dict[tuple[str, str], Role] = {}
             for method, ep in programs.items():
                 buffers = set(ep.graph_signature.buffers)
-                for key, use in constants_of(ep).items():
+                for key, use in constants[method].items():
                     theirs = of(method, key)
                     if key in mutable or use.mutable or theirs is None or not plain(use.tensor):
                         continue

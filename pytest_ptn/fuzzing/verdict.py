@@ -70,7 +70,7 @@ def verdict_on(
             (raised(Step.LOWERING, lowered, names),), f"lowering failed: {type(lowered).__name__}: {lowered}"
         )
     if earlier is not None:
-        earlier.add(case.program.export, set(case.program.state_fqns()))
+        earlier.add(case.program.export)
     entering(Step.RUNNING)
     try:
         mismatches = spec_mismatches(case)
