@@ -536,12 +536,12 @@ class Case:
         sequence = [(c.method, c.inputs) for c in (calls if calls is not None else self.eager())]
         key = (self.scenario.name, *((m, *map(identity, args)) for m, args in sequence))
         replays = self._cache.replays
-        mutable = set(self.program.state_fqns())
         if key not in replays:
-            replays[key] = faulty_replays(self.program.export(), mutable, sequence)
+            replays[key] = faulty_replays(self.program.export(), set(self.program.state_fqns()), sequence)
         if self.earlier is None or not earlier:
             return replays[key]
         if key not in self._earlier_replays:
+            mutable = set(self.program.state_fqns())
             self._earlier_replays[key] = self.earlier.replays(self.program.export(), mutable, sequence)
         return replays[key] + self._earlier_replays[key]
 
