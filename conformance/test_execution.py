@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from pytest_ptn.backend import Capability
-from pytest_ptn.harness import Case, Mismatch, fail_on
+from pytest_ptn.check.values import Mismatch
+from pytest_ptn.harness import Case, fail_on
 from pytest_ptn.schedule import LoadSchedule
 
 

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from pytest_ptn.backend import WHOSE_PROPERTY, Backend, Whose, whose_of
+from pytest_ptn.backend import Backend, Whose, whose_of
 from pytest_ptn.fuzzing.run import FuzzRun
 
 if sys.version_info < (3, 11):  # pragma: no cover
@@ -34,8 +34,8 @@ def test_generated_programs_match_eager(
     from pytest_ptn.fuzzing.apart import dies_on_some, verdict_in_child
     from pytest_ptn.fuzzing.tally import TALLY_PROPERTY, FuzzTally
     from pytest_ptn.fuzzing.verdict import UnlistedMechanism, program_size, unlisted, verdict_on
-    from pytest_ptn.mechanisms import PROPERTY as MECHANISMS_PROPERTY
-    from pytest_ptn.mechanisms import Mechanism, Step, to_json
+    from pytest_ptn.mechanisms import Mechanism, Step
+    from pytest_ptn.run.failure import FOUND, Found
     from pytest_ptn.run.state import FAILING_PROGRAMS
     from pytest_ptn.scheduling import crashes
     from pytest_ptn.spec import ProgramSpec
@@ -94,9 +94,8 @@ def test_generated_programs_match_eager(
     backend = dict(request.node.user_properties).get("ptn_backend", ptn_backend.name)
     keys = [getattr(e, "key", "") for e in found]
     request.node.stash[FAILING_PROGRAMS] = [failed[key] for key in keys]
-    request.node.user_properties.append((MECHANISMS_PROPERTY, to_json(shown[key] for key in keys)))
-    if (whose := whose_of(w for key in keys for w in whose_shown[key])) is not None:
-        request.node.user_properties.append((WHOSE_PROPERTY, whose.value))
+    whose = whose_of(w for key in keys for w in whose_shown[key])
+    request.node.stash[FOUND] = Found(tuple(shown[key] for key in keys), whose)
     parts = [
         f"{e}\n\nthe program, as a test (run with --ptn-backend={backend}):\n\n{reproducer(failed[key])}"
         for key, e in zip(keys, found, strict=True)

@@ -6,13 +6,12 @@ loading is cheap and every test gets fresh loaded copies, so state never leaks b
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from pytest_ptn.mechanisms import Kind, Mechanism, Role, Step, isolation_only, raised
+from pytest_ptn.mechanisms import Mechanism, Step, raised
 from pytest_ptn.run.state import LoweringCache
 from pytest_ptn.schedule import LoadSchedule
 
@@ -20,9 +19,11 @@ if TYPE_CHECKING:
     import torch
 
     from pytest_ptn.backend import Backend, EagerCall, Loaded, Lowered, Whose
-    from pytest_ptn.check.alone import CallAlone, MethodsAlone
+    from pytest_ptn.check.alone import MethodsAlone
     from pytest_ptn.check.earlier import EarlierPrograms
-    from pytest_ptn.check.explain import Replay, Replays
+    from pytest_ptn.check.explain import Replays
+    from pytest_ptn.check.values import Comparison, Mismatch, Ran
+    from pytest_ptn.check.wrong_values import Subject
     from pytest_ptn.instruments.comparison import Tolerance
     from pytest_ptn.programs.user import UserScenario
     from pytest_ptn.spec import ProgramSpec, Scenario
@@ -51,28 +52,6 @@ class ProgramUnderTest(Protocol):
 
     def with_other_values(self) -> ProgramUnderTest:
         """The same names, shapes and calls holding other tensors (S4's second program)."""
-
-
-@dataclass
-class Mismatch:
-    """One call whose result differs from the truth; ``str()`` is the line a failure shows."""
-
-    call: int
-    """Index in the call sequence."""
-    method: str
-    """The method called."""
-    detail: str
-    """What differs, in words, with the numbers."""
-    mechanisms: tuple[Mechanism, ...] = ()
-    """How the wrong value came about (pytest_ptn.mechanisms), as the checks found it; none found, it is
-    unexplained at its call (the causes group tests by where nothing explains a value)."""
-
-    def __post_init__(self) -> None:
-        if not self.mechanisms:
-            self.mechanisms = (Mechanism(Kind.UNEXPLAINED, "", f"call #{self.call} {self.method}()"),)
-
-    def __str__(self) -> str:
-        return f"call #{self.call} {self.method}(): {self.detail}"
 
 
 class Case:
@@ -126,6 +105,13 @@ class Case:
     def tolerance(self) -> Tolerance | None:
         """What the backend declares its quantized results may differ by (None: the dtype's bound alone)."""
         return self.backend.tolerance if self.quantized else None
+
+    @cached_property
+    def comparison(self) -> Comparison:
+        """How this case's values are compared: the backend's tolerance and its float32 precision."""
+        from pytest_ptn.check.values import Comparison
+
+        return Comparison(self.tolerance, self.backend.float32_computed_in())
 
     def exported(self) -> dict[str, torch.export.ExportedProgram]:
         """Fresh programs to inspect (never the ones the backend lowered), functionalized so that their
@@ -216,32 +202,6 @@ class Case:
 
         return None if isinstance(self.scenario, UserScenario) else self.scenario.spec
 
-    def read_names(self, method: str) -> list[str]:
-        """What each output value of ``method`` reads; nothing for a user program (a failure shows values)."""
-        if self.catalogue_spec is None or self.catalogue_spec.vectors:  # a vector's values read several
-            return []
-        m = self.catalogue_spec.method(method)
-        return [*m.reads, *(["cond"] if m.branch else [])] or ["x.sum()"]
-
-    def _owners(self, method: str, inputs: tuple[torch.Tensor, ...]) -> dict[str, list[tuple[str, float]]]:
-        """For each name ``method`` reads: what the value would be with another method's tensor of that name
-        (so a failure can say whose weights a method read); known for catalogue programs only."""
-        import torch
-
-        from pytest_ptn.programs.build import make_tensor, weighted_sum
-
-        if self.catalogue_spec is None or self.catalogue_spec.vectors:
-            return {}
-        dtype = getattr(torch, self.catalogue_spec.dtype)
-        xs = float(inputs[0].sum())
-        out: dict[str, list[tuple[str, float]]] = {}
-        for other in self.catalogue_spec.methods:
-            for c in other.constants:
-                if other.name != method and c.family not in ("literal", "scalar"):
-                    value = float(weighted_sum(make_tensor(c), dtype)) + xs
-                    out.setdefault(c.name, []).append((other.name, value))
-        return out
-
     def alone(self) -> MethodsAlone:
         """Each method of this case lowered alone by a new instance of its backend's class in a fresh process
         of its own, state explicit (pytest_ptn.check.alone): the truth isolation is judged against; shared
@@ -270,6 +230,8 @@ class Case:
     ) -> list[Ran]:
         """What ``loaded`` gives for each call, methods loaded as ``schedule`` says (and its state view after
         each call, where ``state``)."""
+        from pytest_ptn.check.values import Ran
+
         loads = schedule.loads(self.program.method_names, [c.method for c in calls])
         ran = []
         for i, (call, to_load) in enumerate(zip(calls, loads, strict=True)):
@@ -308,6 +270,7 @@ class Case:
         import dataclasses
 
         from pytest_ptn.backend import one_line
+        from pytest_ptn.check.values import same_outputs
         from pytest_ptn.instruments.comparison import equal
 
         lowered = self.lowered()
@@ -322,10 +285,10 @@ class Case:
         out = []
         for m in found:
             theirs, ours, call = seen[m.call].outputs, ran[m.call].outputs, calls[m.call]
-            same = _same_outputs(ours, theirs)
+            same = same_outputs(ours, theirs)
             bounds = call.output_bounds()
             eager = len(theirs) == len(call.outputs) and all(
-                equal(t, e, b, self.tolerance, self._computed_in(e))
+                equal(t, e, b, self.tolerance, self.comparison.computed_in(e))
                 for t, e, b in zip(theirs, call.outputs, bounds, strict=True)
             )
             out.append(dataclasses.replace(m, detail=f"{m.detail}; {witness.says(same, eager)}"))
@@ -336,191 +299,32 @@ class Case:
     def mismatches(
         self, calls: list[EagerCall], ran: list[Ran], schedule: LoadSchedule = LoadSchedule.UP_FRONT
     ) -> list[Mismatch]:
-        """Each output, mutated input and (where ``ran`` has it) buffer that differs from eager
-        (pytest_ptn.instruments.comparison) and from what the method alone gives on this backend: an
-        isolation defect. A difference the method alone shows too is its arithmetic, accuracy's business
-        (``accuracy``), unless the method alone is itself far beyond the backend's accuracy on the other
-        methods (check.alone.suspects): then it stays an isolation defect, saying so. Where no method alone
-        can be had, the difference is reported against eager, saying so."""
-        from pytest_ptn.check.alone import suspects
+        """Every isolation mismatch of ``ran`` (check.wrong_values), its mechanisms noted as found."""
+        from pytest_ptn.check.wrong_values import WrongValues
 
-        deviations, mismatches = self._deviations(calls, ran)
-        if not deviations:
-            self.found += [m for mismatch in mismatches for m in mismatch.mechanisms]
-            return mismatches
-        details, explained = self._explained(deviations, calls, ran, schedule)
-        forced = {call for call, how in explained.items() if any(isolation_only(m) for m in how)}
-        planned = self._planned_together(calls, [d for d in deviations if d.call not in explained])
-        apart = self._other_than_on_its_own(calls, [d for d in deviations if d.call in planned])
-        forced |= apart.keys()
-        accounted = explained.keys() | planned.keys()
-        stored = self._stored_otherwise(calls, [d for d in deviations if d.call not in accounted])
-        forced |= stored.keys()
-        unexplained = [d for d in deviations if d.call not in forced]
-        alone, unavailable = self._alone(calls) if unexplained else (None, None)
-        suspect = suspects(alone, [(c.method, c.outputs) for c in calls]) if alone is not None else {}
-        for d, detail in zip(deviations, details, strict=True):
-            truth = d.of(alone[d.call]) if alone is not None else None
-            method = calls[d.call].method
-            if d.call not in forced and truth is not None and self._same(d, truth):
-                if method not in suspect:
-                    continue  # the method alone computes it so: accuracy, not isolation
-                detail += f"; {suspect[method]}"
-            elif truth is not None and not self._same_as_eager(d, truth):
-                detail += f"; alone, the method gives {_fmt(truth)}"
-            if unavailable is not None and d.call not in forced:
-                detail += f" (judged against eager: {unavailable})"
-            how = explained.get(d.call) or planned.get(d.call) or stored.get(d.call) or ()
-            if d.call not in explained and (evidence := planned.get(d.call) or stored.get(d.call)):
-                detail += f"; {'; '.join(m.detail for m in evidence)}"
-            if d.call not in explained and d.call in apart and (own := d.of(apart[d.call])) is not None:
-                detail += f"; with no other method's calls, this program's {d.what} is {_fmt(own)}"
-            mismatches.append(Mismatch(d.call, calls[d.call].method, detail, how))
+        mismatches = WrongValues(self.subject()).mismatches(calls, ran, schedule)
         self.found += [m for mismatch in mismatches for m in mismatch.mechanisms]
-        return sorted(mismatches, key=lambda m: m.call)
+        return mismatches
 
-    def _other_than_on_its_own(
-        self, calls: list[EagerCall], deviations: list[Deviation]
-    ) -> dict[int, CallAlone]:
-        """The calls of ``deviations`` (the memory plan's suspects) whose every wrong value this same lowered
-        program gives otherwise when only that method's calls run (no other method loaded), where the method
-        reads no state another method writes (so eager's value owes them nothing): the other methods made
-        the value what it is, an isolation defect whatever the method lowered alone gives, which then need
-        not be lowered (seconds a program). What the method's own calls gave, by call."""
-        from pytest_ptn.check.alone import CallAlone
-
-        calls_of = {d.call for d in deviations}
-        if not calls_of:
-            return {}
-        exports = self.program.export()
-        written = {m: set(ep.graph_signature.buffers_to_mutate.values()) for m, ep in exports.items()}
-        out: dict[int, CallAlone] = {}
-        for call in sorted(calls_of):
-            method = calls[call].method
-            reads = set(exports[method].graph_signature.inputs_to_buffers.values())
-            if any(reads & keys for other, keys in written.items() if other != method):
-                continue
-            own = [c for c in calls[: call + 1] if c.method == method]
-            wrong = [d for d in deviations if d.call == call]
-            try:
-                last = self.run_calls(self.load(), own, state=any(d.kind == "buffer" for d in wrong))[-1]
-            except Exception:  # the method does not run on its own here: no evidence either way
-                continue
-            seen = CallAlone(last.outputs, last.inputs_after, last.state or {})
-            if all((value := d.of(seen)) is not None and not self._same(d, value) for d in wrong):
-                out[call] = seen
-        return out
-
-    def _stored_otherwise(
-        self, calls: list[EagerCall], deviations: list[Deviation]
-    ) -> dict[int, tuple[Mechanism, ...]]:
-        """For each call of ``deviations`` nothing else explains: the tensors of its method the lowered
-        package binds by name to another method's stored tensor of another dtype or shape
-        (check.package.bound_elsewhere)."""
+    def subject(self) -> Subject:
+        """What judging this case's runs reads of it (check.wrong_values): plain values, and the ways to get
+        fresh exports, runs, the methods alone and replays only where a wrong value needs them."""
         from pytest_ptn.backend import Capability
-        from pytest_ptn.check.package import bound_elsewhere
+        from pytest_ptn.check.wrong_values import Subject
 
         lowered = self.lowered()
-        if (
-            not deviations
-            or Capability.PACKAGE not in self.backend.capabilities
-            or isinstance(lowered, Exception)
-        ):
-            return {}
-        wrong = [(d.call, calls[d.call].method, self._may_read(calls[d.call].method, d)) for d in deviations]
-        return bound_elsewhere(lowered.package(), self.program.export(), wrong)
-
-    def _planned_together(
-        self, calls: list[EagerCall], deviations: list[Deviation]
-    ) -> dict[int, tuple[Mechanism, ...]]:
-        """For each call of ``deviations`` no replay explains: the state of its method whose planned memory
-        the tensors of a method that ran before it also use, as the lowered program's own memory plan says
-        (``Lowered.shared_memory``): what that method left there is what the state reads."""
-        from pytest_ptn.check.memory_plan import planned_together
-
-        lowered = self.lowered()
-        if not deviations or isinstance(lowered, Exception):
-            return {}
-        methods = [c.method for c in calls]
-        wrong = [(d.call, self._may_read(methods[d.call], d)) for d in deviations]
-        return planned_together(lowered.shared_memory(), methods, wrong)
-
-    def _explained(
-        self, deviations: list[Deviation], calls: list[EagerCall], ran: list[Ran], schedule: LoadSchedule
-    ) -> tuple[list[str], dict[int, tuple[Mechanism, ...]]]:
-        """Each deviation's detail, and the calls whose wrong values a faulty binding accounts for: another
-        method's same-named tensor, a private copy of shared state, two buffers in one memory
-        (pytest_ptn.check.explain). Such a call is an isolation defect whatever the method alone gives (a
-        cache that outlives a program, as the CUDA delegate's is, hands the method alone the same tensor),
-        and it needs no method lowered alone."""
-        details: list[str] = []
-        explained: dict[int, tuple[Mechanism, ...]] = {}
-        for d in deviations:
-            detail, read = self._detail(d, calls)
-            details.append(detail)
-            if read:
-                method = calls[d.call].method
-                how = Mechanism(Kind.BY_NAME, self._role_of_read(method), f"method {method!r} read {read}")
-                explained[d.call] = (how,)
-        wrong = {d.call: calls[d.call].method for d in deviations if d.kind == "output"}
-        wrong = {call: method for call, method in wrong.items() if call not in explained}
-        from pytest_ptn.check.explain import label_of, mechanisms_of
-
-        replays = self._bindings(calls, ran, wrong, schedule) if wrong else {}
-        for i, d in enumerate(deviations):
-            if d.kind == "output" and d.call in replays:
-                details[i] += f"; it equals {label_of(replays[d.call])}"
-        return details, explained | {call: mechanisms_of(found) for call, found in replays.items()}
-
-    def _may_read(self, method: str, d: Deviation) -> Callable[[str], bool]:
-        """Whether deviation ``d`` of ``method`` can be a value of tensor ``key``: the buffer itself, or an
-        output of a method the catalogue spec says reads it (any value of a user program's method)."""
-        spec = self.catalogue_spec
-        if d.kind == "buffer":
-            return lambda key: key == d.where
-        if spec is None:
-            return lambda key: True
-        reads = set(spec.method(method).reads)
-        return lambda key: key.rsplit(".", 1)[-1] in reads or key in reads
-
-    def _role_of_read(self, method: str) -> Role:
-        """What sort of tensor a catalogue method's by-name read was of: a buffer if it reads one, else a
-        constant (its values name what they read; a by-name read is never of state, which is shared)."""
-        spec = self.catalogue_spec
-        if spec is not None and any(c.family == "buffer" for c in spec.method(method).constants):
-            return Role.BUFFER
-        return Role.CONSTANT
-
-    def _bindings(
-        self, calls: list[EagerCall], ran: list[Ran], wrong: dict[int, str], schedule: LoadSchedule
-    ) -> dict[int, tuple[Replay, ...]]:
-        """What faulty bindings give for each call of ``wrong`` they account for (check.explain)."""
-        from pytest_ptn.check.explain import explanations
-
-        replays = self.replays(calls, earlier=False)
-        late = (
-            self._late_only(calls, ran, wrong)
-            if schedule is LoadSchedule.AT_FIRST_CALL and any(r.schedule for r in replays)
-            else set()
+        return Subject(
+            spec=self.catalogue_spec,
+            comparison=self.comparison,
+            lowered=None if isinstance(lowered, Exception) else lowered,
+            packaged=Capability.PACKAGE in self.backend.capabilities,
+            exports=self.program.export,
+            rerun=lambda calls, schedule, state: self.run_calls(self.load(), calls, schedule, state),
+            alone=lambda calls: self.alone().run([(c.method, c.inputs) for c in calls]),
+            replays=lambda calls, earlier: self.replays(calls, earlier),
+            shown=self.earlier.shown if self.earlier is not None else None,
+            read_elsewhere=self._read_elsewhere,
         )
-        eager = [c.outputs for c in calls]
-        shown = self.earlier.shown if self.earlier is not None else None
-        found = explanations(replays, [r.outputs for r in ran], wrong, schedule, late, eager, shown)
-        if self.earlier is None or all(any(not r.weak for r in found.get(call, ())) for call in wrong):
-            return found
-        # something the program alone does not account for, or only by metadata: what earlier programs held
-        # (exported only now, for the few programs that need it)
-        replays = self.replays(calls)
-        return explanations(replays, [r.outputs for r in ran], wrong, schedule, late, eager, shown)
-
-    def _late_only(self, calls: list[EagerCall], ran: list[Ran], wrong: dict[int, str]) -> set[int]:
-        """The calls of ``wrong`` (run with each method loaded at its first call) whose values a fresh load
-        of every method up front does not give: what loading a method late did, a fault of loading."""
-        try:
-            up_front = self.run_calls(self.load(), calls, LoadSchedule.UP_FRONT)
-        except Exception:  # no evidence either way
-            return set()
-        return {call for call in wrong if not _same_outputs(ran[call].outputs, up_front[call].outputs)}
 
     def replays(self, calls: list[EagerCall] | None = None, earlier: bool = True) -> Replays:
         """The faulty-binding replays of ``calls`` (by default the case's sequence), made once for every test
@@ -551,10 +355,9 @@ class Case:
         applicable where the program does not lower, or a method alone does not: nothing to judge by. Where
         the backend has a witness, each says whose it is, as E1's do (``attributed``)."""
         import pytest
-        import torch
 
-        from pytest_ptn.check.alone import AloneUnavailable, suspects
-        from pytest_ptn.check.findings import Difference
+        from pytest_ptn.check.alone import AloneUnavailable
+        from pytest_ptn.check.wrong_values import WrongValues
         from pytest_ptn.ruleset import not_applicable
 
         lowered = self.lowered()
@@ -565,126 +368,11 @@ class Case:
             ran = self.run_calls(self.load(), calls, LoadSchedule.UP_FRONT)
         except Exception as e:  # E2's or E1's finding: the program does not load or run
             pytest.skip(not_applicable(f"the program does not run: {type(e).__name__}: {e}"))
-        deviations, _ = self._deviations(calls, ran)
-        if deviations:  # a value a faulty binding explains is isolation's, whatever the method alone gives
-            _, explained = self._explained(deviations, calls, ran, LoadSchedule.UP_FRONT)
-            forced = {call for call, how in explained.items() if any(isolation_only(m) for m in how)}
-            deviations = [d for d in deviations if d.call not in forced]
-        if not deviations:
-            return []
         try:
-            alone = self.alone().run([(c.method, c.inputs) for c in calls])
+            mismatches = WrongValues(self.subject()).accuracy(calls, ran)
         except AloneUnavailable as e:
             pytest.skip(not_applicable(f"no truth of the methods alone: {e}"))
-        reduced = self.backend.float32_computed_in()
-        suspect = suspects(alone, [(c.method, c.outputs) for c in calls])
-        mismatches = []
-        for d in deviations:
-            truth = d.of(alone[d.call])
-            if truth is None or self._same_as_eager(d, truth):
-                continue  # alone, the method agrees with eager: the program's difference is isolation's
-            if truth.shape != d.want.shape:
-                detail = f"{d.what} has shape {tuple(truth.shape)}, eager {tuple(d.want.shape)}"
-            else:
-                computed_in = self._computed_in(d.want)
-                difference = Difference.between(truth, d.want, d.wide, self.tolerance, computed_in)
-                detail = f"{d.what}: {difference}"
-            if reduced is not None and d.want.dtype == torch.float32:
-                detail += f"; {reduced.why}"
-            if calls[d.call].method in suspect:
-                detail += f"; {suspect[calls[d.call].method]}"
-            mismatches.append(Mismatch(d.call, calls[d.call].method, detail))
         return self.attributed(mismatches, calls, ran, LoadSchedule.UP_FRONT) if mismatches else mismatches
-
-    def _alone(self, calls: list[EagerCall]) -> tuple[list[CallAlone] | None, str | None]:
-        from pytest_ptn.check.alone import AloneUnavailable
-
-        try:
-            return self.alone().run([(c.method, c.inputs) for c in calls]), None
-        except AloneUnavailable as e:
-            return None, f"no truth of the method alone: {e}"
-
-    def _computed_in(self, want: torch.Tensor) -> torch.dtype | None:
-        """The coarser dtype the backend declares it computes ``want``'s float32 values in, or None."""
-        import torch
-
-        reduced = self.backend.float32_computed_in()
-        return getattr(torch, reduced.dtype) if reduced is not None and want.dtype == torch.float32 else None
-
-    def _same(self, d: Deviation, truth: torch.Tensor) -> bool:
-        """The program's value equals what the method alone gives (the same bound, eager's noise kept)."""
-        from pytest_ptn.instruments.comparison import equal
-
-        return equal(d.have, truth, d.wide, None, self._computed_in(d.want), eager=d.want)
-
-    def _same_as_eager(self, d: Deviation, value: torch.Tensor) -> bool:
-        from pytest_ptn.instruments.comparison import equal
-
-        return equal(value, d.want, d.wide, self.tolerance, self._computed_in(d.want))
-
-    def _deviations(self, calls: list[EagerCall], ran: list[Ran]) -> tuple[list[Deviation], list[Mismatch]]:
-        """Every value that differs from eager's, and the mismatches no truth can excuse (a missing output or
-        buffer, another number of outputs)."""
-        deviations, mismatches = [], []
-        for i, (call, got) in enumerate(zip(calls, ran, strict=True)):
-            if len(got.outputs) != len(call.outputs):
-                detail = f"{len(got.outputs)} outputs, eager gives {len(call.outputs)}"
-                returned = _writes_returned(got.outputs[: len(got.outputs) - len(call.outputs)], call)
-                if returned:
-                    detail += f": the first {'are' if len(returned) > 1 else 'is'} {', '.join(returned)}"
-                    how = Mechanism(Kind.WRITE_RETURNED, Role.STATE, f"{call.method}() returns {returned[0]}")
-                    mismatches.append(Mismatch(i, call.method, detail, (how,)))
-                else:
-                    mismatches.append(Mismatch(i, call.method, detail))
-                continue
-            outputs = zip(call.outputs, got.outputs, call.output_bounds(), strict=True)
-            wide_after = call.wide.inputs_after if call.wide is not None else (None,) * len(call.inputs_after)
-            inputs = zip(call.inputs_after, got.inputs_after, wide_after, strict=True)
-            values: list[tuple[str, int | str, torch.Tensor, torch.Tensor, torch.Tensor | None]] = [
-                *(("output", j, h, w, b) for j, (w, h, b) in enumerate(outputs)),
-                *(("input", j, h, w, b) for j, (w, h, b) in enumerate(inputs)),
-            ]
-            if got.state is not None:
-                for key, want in call.state_after.items():
-                    have = got.state.get(key)
-                    if have is None:
-                        mismatches.append(
-                            Mismatch(i, call.method, f"buffer {key!r} is missing from the state")
-                        )
-                    else:
-                        values.append(("buffer", key, have, want, call.widened(key)))
-            for kind, where, have, want, wide in values:
-                deviation = Deviation(i, kind, where, have, want, wide)
-                if not self._same_as_eager(deviation, have):
-                    deviations.append(deviation)
-        return deviations, mismatches
-
-    def _detail(self, d: Deviation, calls: list[EagerCall]) -> tuple[str, str]:
-        """What differs, in the words of the value: an output value by value where each reads one name (and
-        whose tensor it equals), an input or buffer as its first values; and whose same-named tensor the
-        value is, if another method's ("method 'prefill''s 'w'"; "" if none). Such a value is an isolation
-        defect whatever the method alone gives: a cache that outlives a program (the CUDA delegate's is
-        process-wide, by name) hands the method alone the same wrong tensor."""
-        if d.kind == "input":
-            return f"input {d.where} after the call is {_fmt(d.have)}, eager {_fmt(d.want)}", ""
-        if d.kind == "buffer":
-            return f"buffer {d.where!r} is {_fmt(d.have)}, eager {_fmt(d.want)}", ""
-        from pytest_ptn.instruments.comparison import close
-
-        call = calls[d.call]
-        computed_in = self._computed_in(d.want)
-        ok = (
-            close(d.have, d.want, d.wide, self.tolerance, computed_in)
-            if d.have.shape == d.want.shape
-            else None
-        )
-        owners = self._owners(call.method, call.inputs)
-        detail, read = _describe(self.read_names(call.method), d.want, d.have, ok, owners, computed_in)
-        reduced = self.backend.float32_computed_in()
-        if computed_in is not None and reduced is not None:
-            detail += f"; {reduced.why}"
-        elsewhere = self._read_elsewhere(d.call, d.have, calls)
-        return detail + (f": it read {elsewhere}" if elsewhere else ""), read or elsewhere
 
     def _read_elsewhere(self, call: int, have: torch.Tensor, calls: list[EagerCall]) -> str:
         """For a quantized program: whose same-named quantized constant (``_frozen_param0``) the output is
@@ -697,95 +385,6 @@ class Case:
             return ""
         found = program.read_elsewhere(call, have, self.tolerance, calls)
         return "".join(f"method {method!r}'s {key!r}" for method, key in found[:1])
-
-
-@dataclass
-class Ran:
-    """What a loaded program gave on one call."""
-
-    outputs: list[torch.Tensor]
-    inputs_after: list[torch.Tensor]
-    state: dict[str, torch.Tensor] | None
-    """The state view after the call, where it was asked for."""
-
-
-def _same_outputs(ours: Sequence[torch.Tensor], theirs: Sequence[torch.Tensor]) -> bool:
-    """Two runs' outputs of one call are the same (pytest_ptn.instruments.comparison.equal)."""
-    from pytest_ptn.instruments.comparison import equal
-
-    return len(ours) == len(theirs) and all(map(equal, ours, theirs))
-
-
-@dataclass
-class Deviation:
-    """A value the backend gave that differs from eager's: an output, an input after the call or a buffer."""
-
-    call: int
-    kind: str
-    """``output``, ``input`` or ``buffer``."""
-    where: int | str
-    """The output's or input's position, or the buffer's key."""
-    have: torch.Tensor
-    want: torch.Tensor
-    wide: torch.Tensor | None
-
-    @property
-    def what(self) -> str:
-        return f"buffer {self.where!r}" if self.kind == "buffer" else f"{self.kind} {self.where}"
-
-    def of(self, alone: CallAlone) -> torch.Tensor | None:
-        """The same value in what the method alone gave (None where it gave none)."""
-        import torch
-
-        if isinstance(self.where, str):
-            return alone.state_after.get(self.where)
-        values: list[object] = list(alone.outputs if self.kind == "output" else alone.inputs_after)
-        value = values[self.where] if self.where < len(values) else None
-        return value if isinstance(value, torch.Tensor) else None
-
-
-def _describe(
-    names: list[str],
-    want: torch.Tensor,
-    have: torch.Tensor,
-    ok: torch.Tensor | None,
-    owners: dict[str, list[tuple[str, float]]],
-    computed_in: torch.dtype | None,
-) -> tuple[str, str]:
-    """What differs, value by value where each value reads one name, and the first value that is what
-    another method's same-named tensor gives ("method 'prefill''s 'w'"; "" when none is); ``ok`` the
-    elementwise comparison (None when the shapes differ).
-    ``computed_in``: the dtype the backend computed this float32 output in, whose rounding a value read from
-    another method's tensor may show."""
-    if ok is None:
-        return f"output shape {tuple(have.shape)}, eager {tuple(want.shape)}", ""
-    from pytest_ptn.instruments.comparison import allowed, difference
-
-    parts, read = [], ""
-    bound = allowed(want, computed_in=computed_in).reshape(-1)
-    for k, name in enumerate(names[: want.numel()]):
-        if not bool(ok.reshape(-1)[k]):
-            w, h = float(want.reshape(-1)[k]), float(have.reshape(-1)[k])
-            slack = float(bound[k])  # the rounding a correct computation of the same value may show
-            whose = [m for m, v in owners.get(name, []) if abs(v - h) <= max(slack, 1e-4 * max(1.0, abs(v)))]
-            owner = f"method {whose[0]!r}'s {name!r}" if whose else ""
-            seen = f": it read {owner}" if owner else ""
-            read = read or owner
-            parts.append(f"value {k} (reads {name!r}) is {h:.6g}, eager {w:.6g}{seen}")
-    if parts:
-        return "; ".join(parts), read
-    wrong = (~ok).nonzero().tolist()
-    if not wrong:
-        return f"output {_fmt(have)}, eager {_fmt(want)}", read
-    error = float(difference(have, want).max())
-    shown = ", ".join(
-        f"{i} is {float(have[tuple(i)]):.6g} (eager {float(want[tuple(i)]):.6g})" for i in wrong[:3]
-    )
-    return f"{len(wrong)} of {want.numel()} values differ, max abs error {error:.3g}: {shown}", read
-
-
-def _fmt(t: torch.Tensor) -> str:
-    return str([round(v, 4) for v in t.reshape(-1).tolist()[:8]])
 
 
 def fail_on(mismatches: list[Mismatch], what: str) -> None:
@@ -808,32 +407,6 @@ def fail_with(findings: list[str]) -> None:
         pytest.fail("\n".join(findings), pytrace=False)
 
 
-def _writes_returned(extra: list[torch.Tensor], call: EagerCall) -> list[str]:
-    """The words for each of ``extra`` (the outputs a backend returned beyond eager's, which a lowering puts
-    first, where buffer mutations go) if each holds a state's value after the call, as eager has it
-    ("what 'step_state' holds after the call"); else none."""
-    import torch
-
-    from pytest_ptn.check.findings import Difference
-
-    said = []
-    for value in extra:
-        key = next(
-            (
-                k
-                for k, want in call.state_after.items()
-                if isinstance(value, torch.Tensor)
-                and value.shape == want.shape
-                and Difference.between(value, want) is None
-            ),
-            None,
-        )
-        if key is None:
-            return []
-        said.append(f"what {key!r} holds after the call")
-    return said
-
-
 def check_spec(backend: Backend, spec: ProgramSpec, workdir: Path) -> list[Mismatch]:
     """Lower, load and run one program spec on ``backend`` under every load schedule: every way it differs
     from eager (E1), each mismatch naming the schedule it showed under.
@@ -847,6 +420,8 @@ def check_spec(backend: Backend, spec: ProgramSpec, workdir: Path) -> list[Misma
 
 def spec_mismatches(case: Case) -> list[Mismatch]:
     """``check_spec``'s mismatches of a case made from a spec."""
+    from pytest_ptn.check.values import Mismatch
+
     sequence = [c.method for c in case.eager()]
     return [
         Mismatch(m.call, m.method, f"{m.detail} ({schedule.describe(sequence)})", m.mechanisms)

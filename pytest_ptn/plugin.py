@@ -20,7 +20,6 @@ from _pytest.reports import TestReport
 from pytest_ptn import expectations, mechanisms, upstream_noise
 from pytest_ptn.backend import (
     VARIANT_SEPARATOR,
-    WHOSE_PROPERTY,
     Backend,
     BackendError,
     Capability,
@@ -44,6 +43,7 @@ from pytest_ptn.ruleset import (
     should_not_met,
 )
 from pytest_ptn.run import hookspecs, stopping
+from pytest_ptn.run.failure import FOUND, Found, carried
 from pytest_ptn.run.state import RUN_STATE, RunState
 from pytest_ptn.schedule import LoadSchedule
 from pytest_ptn.scheduling import crashes, gpus, hangs, shards, workers
@@ -609,14 +609,8 @@ def pytest_runtest_makereport(
     a failed test carries its failure's mechanisms to the reports (mechanisms.PROPERTY)."""
     test_report = yield
     if test_report.when == "call" and call.excinfo is not None:
-        found = failure_mechanisms(item, call.excinfo.value)
-        if found and mechanisms.PROPERTY not in dict(test_report.user_properties):
-            said = (mechanisms.PROPERTY, mechanisms.to_json(found))
-            test_report.user_properties = [*test_report.user_properties, said]
-        case = getattr(item, "funcargs", {}).get(repro.CASE_FIXTURE)
-        whose = whose_of(case.whose) if case is not None and hasattr(case, "whose") else None
-        if whose is not None and WHOSE_PROPERTY not in dict(test_report.user_properties):
-            test_report.user_properties = [*test_report.user_properties, (WHOSE_PROPERTY, whose.value)]
+        found = failure_found(item, call.excinfo.value)
+        test_report.user_properties = carried(test_report.user_properties, found)
     rules = rules_of(item)
     should_only = bool(rules) and all(RULES[r].level == SHOULD for r in rules)
     stale = is_strict_xpass(test_report.longrepr)
@@ -626,28 +620,34 @@ def pytest_runtest_makereport(
     return test_report
 
 
-def failure_mechanisms(item: pytest.Item, error: BaseException) -> list[mechanisms.Mechanism]:
-    """How a conformance test's failure came about: what its case's checks found (``Case.found``), else,
-    for an exception no check made (a load or a call that raised), the faulty binding that makes the
+def failure_found(item: pytest.Item, error: BaseException) -> Found:
+    """How a conformance test's failure came about, and whose it is: what a test that judges on its own left
+    on its item (the fuzz: ``FOUND``), else what its case's checks found (``Case.found``, ``Case.whose``),
+    else, for an exception no check made (a load or a call that raised), the faulty binding that makes the
     program raise the same (pytest_ptn.check.explain), or that exception's own mechanism. An ``assert`` of
     the test itself is a check's finding without one: the causes read its words."""
     from pytest_ptn.harness import Case
 
+    if FOUND in item.stash:
+        return item.stash[FOUND]
     if _callspec_param(item, "ptn_backend") is None:
-        return []
+        return Found(())
     case = getattr(item, "funcargs", {}).get(repro.CASE_FIXTURE)
-    found = list(case.found) if isinstance(case, Case) else []
+    if not isinstance(case, Case):
+        case = None
+    whose = whose_of(case.whose) if case is not None else None
+    found = tuple(case.found) if case is not None else ()
     outcomes = (pytest.fail.Exception, pytest.skip.Exception, pytest.xfail.Exception, AssertionError)
     if found or not isinstance(error, Exception) or isinstance(error, outcomes):
-        return found
+        return Found(found, whose)
     said = mechanisms.raised(mechanisms.Step.RUNNING, error)
-    if isinstance(case, Case) and case.raised_at is not None:
+    if case is not None and case.raised_at is not None:
         from pytest_ptn.check.explain import explaining_error
 
         replay = explaining_error(case.replays(), said, case.raised_at, case.program.method_names)
         if replay is not None:
-            return list(replay.mechanisms)
-    return [said]
+            return Found(replay.mechanisms, whose)
+    return Found((said,), whose)
 
 
 # --- upstream warnings and logs (pytest_ptn.upstream_noise) ----------------------------------------------

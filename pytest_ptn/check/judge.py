@@ -60,7 +60,7 @@ def judged(backend: Backend, program: UserProgram, sequence: list, workdir: Path
     if Capability.PACKAGE in backend.capabilities:
         findings = in_package(findings, lowered, program, sequence)
     explained = {f.call for f in findings if any(isolation_only(m) for m in f.mechanisms)}
-    findings, accuracy = judge.apart(findings, differing, explained)
+    findings, accuracy = judge.isolation_and_accuracy(findings, differing, explained)
     findings += accuracy
     failed = {f.call for f in findings if f.rule != ACCURACY}
     second = load_reversed(backend.load(lowered), program)
@@ -187,7 +187,7 @@ class Judge:
         findings, differing = attributed(witness, findings, differing, their_findings, their_differing)
         return findings, returned, differing
 
-    def apart(
+    def isolation_and_accuracy(
         self, findings: list[Finding], differing: list[Compared], explained: set[int | None] | None = None
     ) -> tuple[list[Finding], list[Finding]]:
         """(the isolation findings, the accuracy findings) of one copy's run. A call whose wrong output one
@@ -264,7 +264,7 @@ class Judge:
 
     def isolation(self, findings: list[Finding], differing: list[Compared]) -> list[Finding]:
         """The isolation findings of another copy's run (its accuracy is the first copy's)."""
-        return self.apart(findings, differing)[0]
+        return self.isolation_and_accuracy(findings, differing)[0]
 
     def alone(self) -> list[CallAlone] | str:
         """What each call gives with its method alone, on a new instance of the backend's class in a fresh

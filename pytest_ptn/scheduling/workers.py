@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from pytest_ptn import mechanisms
 from pytest_ptn.ruleset import WAITS_FOR_CLOCK
+from pytest_ptn.run.failure import Found, carried
 from pytest_ptn.run.state import RunState
 from pytest_ptn.scheduling import crashes, hangs
 
@@ -193,7 +193,7 @@ class Xdist:
             availability.versions if availability is not None else {},
             hangs.limit(self.config),
         )
-        report.user_properties = [*properties, (mechanisms.PROPERTY, mechanisms.to_json([death.mechanism]))]
+        report.user_properties = carried(properties, Found((death.mechanism,)))
         report.longrepr = death.text
         rules = [value for key, value in properties if key == "ptn_rule"]
         scenario, schedule = found.get("ptn_scenario"), found.get("ptn_schedule")
