@@ -112,7 +112,7 @@ def test_two_programs_in_one_process_do_not_leak(
                 said += f": it equals {giving[0].label}"
                 ptn_case.found.extend(giving[0].mechanisms)
             else:
-                ptn_case.found.append(Mechanism(Kind.CROSS_PROGRAM, "", f"call #{i} {call.method}()"))
+                ptn_case.found.append(Mechanism(Kind.CROSS_PROGRAM, None, f"call #{i} {call.method}()"))
             mismatches.append(said)
     fail_with(mismatches)
 
@@ -148,7 +148,7 @@ def test_sharing_check_costs_no_memory(ptn_case: Case) -> None:
             f"peak constant memory {reading.peak_bytes} B is {reading.peak_bytes / max(unique, 1):.2f}x the "
             f"{unique} unique constant bytes ({reading.probe}; resolution {reading.resolution} B)"
         )
-        ptn_case.found.append(Mechanism(Kind.MEMORY_PENALTY, "", said))
+        ptn_case.found.append(Mechanism(Kind.MEMORY_PENALTY, None, said))
         pytest.fail(said, pytrace=False)
 
 

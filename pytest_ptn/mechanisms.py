@@ -14,7 +14,7 @@ import json
 import re
 import signal
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from pytest_ptn.instruments.process_end import Ending, ProcessEnd
@@ -209,14 +209,44 @@ never shows one, so no list of the fuzz's known failures holds one."""
 
 
 @dataclass(frozen=True)
+class Raised:
+    """An exception as a key keeps it: the step it raised at, its type, and its message's first line with
+    what varies between programs left out (``text``; "" where it said nothing)."""
+
+    step: Step
+    error: str
+    """The exception's type name."""
+    text: str = ""
+
+    def __str__(self) -> str:
+        what = f"{self.error}: {self.text}" if self.text else self.error
+        return what if self.step == Step.LOWERING else f"{self.step}:{what}"
+
+
+@dataclass(frozen=True)
+class Ended:
+    """How a process ended at a step, as a key keeps it: a signal's name, or one of Ending; never a number."""
+
+    step: Step
+    end: str
+
+    def __str__(self) -> str:
+        return f"{self.step}:{self.end}"
+
+
+Of = Role | Step | Raised | Ended
+"""What a mechanism involves: a Role for a wrong value, the step of a hang, an exception, a process's end."""
+
+
+@dataclass(frozen=True)
 class Mechanism:
-    """One way a failure came about: ``kind``, what it involves (``of``: a Role value for a wrong value,
-    the step and exception type for an error), and the program's own names in ``detail``."""
+    """One way a failure came about: ``kind``, what it involves (``of``), and the program's own names in
+    ``detail``."""
 
     kind: Kind
     """What went wrong."""
-    of: str = ""
-    """What it involves, the same in every program: a Role for a wrong value, step and exception otherwise."""
+    of: Of | None = None
+    """What it involves, the same in every program (None: nothing more than its kind)."""
     detail: str = ""
     """The program's own names (keys, methods), for people; never part of the key."""
 
@@ -229,6 +259,29 @@ class Mechanism:
         return f"{self.key} ({self.detail})" if self.detail else self.key
 
 
+def of_key(kind: Kind, text: str) -> Of | None:
+    """What a key's part after ``kind:`` says (``text``, as ``Mechanism.key`` writes it and an expectation
+    lists it); ValueError where it says nothing a mechanism of ``kind`` can involve."""
+    if not text:
+        return None
+    if kind == Kind.LOWERING:
+        error, _, said = text.partition(": ")
+        return Raised(Step.LOWERING, error, said)
+    step_text, _, rest = text.partition(":")
+    if kind == Kind.ERROR:
+        error, _, said = rest.partition(": ")
+        if not error:
+            raise ValueError(f"{kind.value}:{text} names no exception type")
+        return Raised(Step(step_text), error, said)
+    if kind == Kind.CRASH:
+        if rest not in set(Ending) and rest not in signal.Signals.__members__:
+            raise ValueError(f"{rest!r} is no signal's name nor one of {', '.join(Ending)}")
+        return Ended(Step(step_text), rest)
+    if kind == Kind.HANG:
+        return Step(text)
+    return Role(text)
+
+
 UNEXPLAINED = Mechanism(Kind.UNEXPLAINED)
 
 PROPERTY = "ptn_mechanisms"
@@ -238,7 +291,13 @@ reports: the causes group failures by them (pytest_ptn.reporting.causes)."""
 
 def to_json(found: Iterable[Mechanism]) -> str:
     """``found`` as the PROPERTY's value: each mechanism once, in the order found."""
-    return json.dumps([asdict(m) for m in dict.fromkeys(found)])
+    return json.dumps(to_data(found))
+
+
+def to_data(found: Iterable[Mechanism]) -> list[dict[str, str]]:
+    """``found`` as JSON data (``from_data`` reads it): each mechanism once, in the order found, what it
+    involves as its key writes it."""
+    return [{"kind": m.kind.value, "of": str(m.of or ""), "detail": m.detail} for m in dict.fromkeys(found)]
 
 
 def from_data(data: Any) -> tuple[Mechanism, ...]:
@@ -252,9 +311,14 @@ def from_data(data: Any) -> tuple[Mechanism, ...]:
         if not all(isinstance(v, str) for v in item.values()):
             raise ValueError(f"a mechanism's kind, of and detail are text: {item!r}")
         try:
-            out.append(Mechanism(Kind(item["kind"]), item["of"], item["detail"]))
+            kind = Kind(item["kind"])
         except ValueError:
             raise ValueError(f"unknown mechanism kind {item['kind']!r}") from None
+        try:
+            of = of_key(kind, item["of"])
+        except ValueError as e:
+            raise ValueError(f"mechanism {kind.value}:{item['of']}: {e}") from None
+        out.append(Mechanism(kind, of, item["detail"]))
     return tuple(out)
 
 
@@ -270,12 +334,12 @@ def raised(step: Step, error: BaseException, names: Iterable[str] = ()) -> Mecha
     with what varies between programs (numbers, quoted names, the program's own ``names`` of its methods)
     left out, are the key; the detail is the type and that line as they were."""
     said = str(error).strip().splitlines()[0].strip() if str(error).strip() else ""
-    kind = type(error).__name__
-    what = f"{kind}: {without_names(said, names)}"[:MESSAGE_IN_KEY] if said else kind
-    detail = f"{kind}: {said}" if said else kind
-    if step == Step.LOWERING:
-        return Mechanism(Kind.LOWERING, what, detail)
-    return Mechanism(Kind.ERROR, f"{step}:{what}", detail)
+    error_type = type(error).__name__
+    text = without_names(said, names)[: max(0, MESSAGE_IN_KEY - len(error_type) - 2)] if said else ""
+    detail = f"{error_type}: {said}" if said else error_type
+    return Mechanism(
+        Kind.LOWERING if step == Step.LOWERING else Kind.ERROR, Raised(step, error_type, text), detail
+    )
 
 
 MESSAGE_IN_KEY = 120
@@ -285,17 +349,12 @@ MESSAGE_IN_KEY = 120
 def crashed(step: Step, end: ProcessEnd, detail: str = "") -> Mechanism:
     """A process that died at ``step`` as ``end`` says (its key: the signal's name, ``status`` or ``no
     report``, never a number); ``detail``, for people, is how it ended unless given."""
-    return Mechanism(Kind.CRASH, f"{step}:{end.key}", detail or str(end))
+    return Mechanism(Kind.CRASH, Ended(step, end.key), detail or str(end))
 
 
 def hung(step: Step, detail: str = "") -> Mechanism:
     """A process that made no progress at ``step`` within the run's limit."""
     return Mechanism(Kind.HANG, step, detail)
-
-
-def _crash_of(of: str) -> bool:
-    step, _, end = of.partition(":")
-    return step in set(Step) and (end in set(Ending) or end in signal.Signals.__members__)
 
 
 def without_names(message: str, names: Iterable[str] = ()) -> str:
@@ -319,6 +378,14 @@ _DTYPE = re.compile(
     r")\b"
 )
 """A dtype as torch, c10 and executorch name one in a message."""
+
+
+def _parses(kind: Kind, of: str) -> bool:
+    try:
+        of_key(kind, of)
+    except ValueError:
+        return False
+    return True
 
 
 class MechanismKeyError(ValueError):
@@ -349,7 +416,7 @@ def check_key(key: str) -> str:
         raise MechanismKeyError(f"unknown mechanism {key!r} (one of {tensors})")
     if kind not in LISTABLE_VALUE_KINDS and not of:
         raise MechanismKeyError(f"mechanism {key!r} names no step or exception type")
-    if kind == Kind.CRASH and not _crash_of(of):
+    if kind == Kind.CRASH and not _parses(kind, of):
         raise MechanismKeyError(
             f"mechanism {key!r} is not how a process ended: its key is crash:<step>:<end>, the step one of "
             f"{', '.join(Step)}, the end a signal's name (SIGSEGV) or one of {', '.join(Ending)}"

@@ -58,7 +58,7 @@ def split_identical_findings(storages: dict[Pair, int], groups: Groups) -> list[
         if len({m for m, _ in pairs}) > 1 and len(allocations) > 1:
             said = f"identical constants {pairs} occupy {len(allocations)} allocations"
             findings.append(
-                Finding("S1", Stage.STORAGE, said, mechanisms=(Mechanism(Kind.NOT_SHARED, "", said),))
+                Finding("S1", Stage.STORAGE, said, mechanisms=(Mechanism(Kind.NOT_SHARED, None, said),))
             )
     return findings
 
@@ -85,7 +85,7 @@ def shared_differing_findings(storages: dict[Pair, int], groups: Groups) -> list
             # sharing on less than the content
             kind = Kind.BY_NAME if pair[1] == first[1] else Kind.SHARES_DIFFERING
             how = Mechanism(
-                kind, "", f"method {pair[0]!r}'s {pair[1]!r} is method {first[0]!r}'s {first[1]!r}"
+                kind, None, f"method {pair[0]!r}'s {pair[1]!r} is method {first[0]!r}'s {first[1]!r}"
             )
             findings.append(Finding(rule, Stage.STORAGE, detail, pair[0], mechanisms=(how,)))
     return findings

@@ -35,7 +35,7 @@ class Mismatch:
 
     def __post_init__(self) -> None:
         if not self.mechanisms:
-            self.mechanisms = (Mechanism(Kind.UNEXPLAINED, "", f"call #{self.call} {self.method}()"),)
+            self.mechanisms = (Mechanism(Kind.UNEXPLAINED, None, f"call #{self.call} {self.method}()"),)
 
     def __str__(self) -> str:
         return f"call #{self.call} {self.method}(): {self.detail}"

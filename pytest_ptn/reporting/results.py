@@ -15,7 +15,7 @@ from typing import Any
 
 from pytest_ptn.backend import Whose
 from pytest_ptn.fuzzing.tally import FuzzTally
-from pytest_ptn.mechanisms import Mechanism, from_data
+from pytest_ptn.mechanisms import Mechanism, from_data, to_data
 from pytest_ptn.ruleset import LEVELS, RULES
 from pytest_ptn.scheduling.shards import SHARD_FORMAT
 
@@ -163,7 +163,7 @@ def to_dict(doc: Results) -> dict[str, Any]:
         "version": SCHEMA_VERSION,
         "spec_version": doc.spec_version,
         "provenance": dict(doc.provenance),
-        "results": [asdict(r) for r in sort_results(doc.results)],
+        "results": [{**asdict(r), "mechanisms": to_data(r.mechanisms)} for r in sort_results(doc.results)],
     }
     if doc.sources:
         data["sources"] = [dict(s) for s in doc.sources]
@@ -210,7 +210,7 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "schedule": (str, type(None)),
     "intermittent": (bool,),
     "fuzz": (dict, type(None)),
-    "mechanisms": (list, tuple),  # a tuple before JSON (to_dict), a list after
+    "mechanisms": (list,),
     "whose": (str, type(None)),
 }
 OPTIONAL_FIELDS: dict[str, Any] = {
