@@ -1,4 +1,5 @@
-"""One conformance case: a backend and a scenario, with lowering cached for the session and eager truth.
+"""One conformance case: a backend and a scenario, with lowering cached for the session and eager truth;
+``check_spec``, one program spec judged as the fuzz judges it (its ``Mismatch``: check.values).
 
 Lowering is the slow step, so every test of one (backend, scenario) shares one lowering (or its rejection);
 loading is cheap and every test gets fresh loaded copies, so state never leaks between tests.
@@ -11,6 +12,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from pytest_ptn.check.values import Mismatch, Ran
 from pytest_ptn.mechanisms import Mechanism, Step, raised
 from pytest_ptn.run.state import LoweringCache
 from pytest_ptn.schedule import LoadSchedule
@@ -22,7 +24,7 @@ if TYPE_CHECKING:
     from pytest_ptn.check.alone import MethodsAlone
     from pytest_ptn.check.earlier import EarlierPrograms
     from pytest_ptn.check.explain import Replays
-    from pytest_ptn.check.values import Comparison, Mismatch, Ran
+    from pytest_ptn.check.values import Comparison
     from pytest_ptn.check.wrong_values import Subject
     from pytest_ptn.instruments.comparison import Tolerance
     from pytest_ptn.programs.user import UserScenario
@@ -230,8 +232,6 @@ class Case:
     ) -> list[Ran]:
         """What ``loaded`` gives for each call, methods loaded as ``schedule`` says (and its state view after
         each call, where ``state``)."""
-        from pytest_ptn.check.values import Ran
-
         loads = schedule.loads(self.program.method_names, [c.method for c in calls])
         ran = []
         for i, (call, to_load) in enumerate(zip(calls, loads, strict=True)):
@@ -267,34 +267,20 @@ class Case:
         """``found``, each saying whose it is where the backend has a witness (``Backend.witness``: for a
         runtime of .pte files, executorch.runtime on the same .pte), run through the same calls and schedule:
         the same values are the lowering's (or upstream's), eager's values the runtime's own."""
-        import dataclasses
-
-        from pytest_ptn.backend import one_line
-        from pytest_ptn.check.values import same_outputs
-        from pytest_ptn.instruments.comparison import equal
+        from pytest_ptn.check.wrong_values import witnessed
 
         lowered = self.lowered()
         witness = None if isinstance(lowered, Exception) else self.backend.witness(lowered)
         if witness is None:
             return found
+        seen: list[Ran] | Exception
         try:
             seen = self.run_calls(witness.loaded, calls, schedule)
         except Exception as e:
-            said = f"{witness.by} raised {one_line(e)}"
-            return [dataclasses.replace(m, detail=f"{m.detail}; {said}") for m in found]
-        out = []
-        for m in found:
-            theirs, ours, call = seen[m.call].outputs, ran[m.call].outputs, calls[m.call]
-            same = same_outputs(ours, theirs)
-            bounds = call.output_bounds()
-            eager = len(theirs) == len(call.outputs) and all(
-                equal(t, e, b, self.tolerance, self.comparison.computed_in(e))
-                for t, e, b in zip(theirs, call.outputs, bounds, strict=True)
-            )
-            out.append(dataclasses.replace(m, detail=f"{m.detail}; {witness.says(same, eager)}"))
-            if (whose := witness.whose(same, eager)) is not None:
-                self.whose.add(whose)
-        return out
+            seen = e
+        said, whose = witnessed(witness, found, calls, ran, seen, self.comparison)
+        self.whose |= whose
+        return said
 
     def mismatches(
         self, calls: list[EagerCall], ran: list[Ran], schedule: LoadSchedule = LoadSchedule.UP_FRONT
@@ -420,8 +406,6 @@ def check_spec(backend: Backend, spec: ProgramSpec, workdir: Path) -> list[Misma
 
 def spec_mismatches(case: Case) -> list[Mismatch]:
     """``check_spec``'s mismatches of a case made from a spec."""
-    from pytest_ptn.check.values import Mismatch
-
     sequence = [c.method for c in case.eager()]
     return [
         Mismatch(m.call, m.method, f"{m.detail} ({schedule.describe(sequence)})", m.mechanisms)

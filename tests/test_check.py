@@ -18,6 +18,7 @@ from broken_backends import (
     StateCopiedPerMethod,
     ThreadUnsafe,
     VagueErrors,
+    WritesReturned,
 )
 from separate_modules import Cache
 
@@ -114,6 +115,16 @@ def test_a_name_sharing_loader_is_found_with_numbers_and_whose_constant_it_read(
 def test_rules_beyond_e1_are_checked_where_the_backend_shows_them(variant: type, rule: str) -> None:
     findings = check_program(PrefillDecode(), METHODS, CALLS, backend=variant())
     assert rule in {f.rule for f in findings}, [str(f) for f in findings]
+
+
+def test_a_state_write_that_comes_back_as_an_output_is_write_returned_in_check_program() -> None:
+    """One judge (issue 58): check_program names a lowering that returns a method's state write as an extra
+    output, as the scenario tests and the fuzz do (``write-returned:state``), not a bare count of outputs."""
+    findings = check_program(PrefillDecode(), METHODS, CALLS, backend=WritesReturned())
+    counts = [f for f in findings if "outputs, eager gives" in f.detail]
+    assert counts, [str(f) for f in findings]
+    assert {m.key for f in counts for m in f.mechanisms} == {"write-returned:state"}, [str(f) for f in counts]
+    assert "what 'cache' holds after the call" in counts[0].detail
 
 
 class Overflowing(torch.nn.Module):

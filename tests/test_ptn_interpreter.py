@@ -21,7 +21,8 @@ with warnings.catch_warnings():
     from executorch.exir.native import to_native
     from torch import nn
 
-from pytest_ptn.backends.native.interpreter import PtnInterpreter, resolve_target  # noqa: E402
+from pytest_ptn.backends.native.graph import resolve_target  # noqa: E402
+from pytest_ptn.backends.native.interpreter import PtnInterpreter  # noqa: E402
 from pytest_ptn.backends.native.package import PtnPackage, read_ptn, scalar_type_to_dtype  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

@@ -251,12 +251,13 @@ def test_too_many_tensors_are_refused(tmp_path: Path, monkeypatch: pytest.Monkey
 
 
 def test_reading_never_imports_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The interpreter imports the reader: the reader importing it back would be a cycle. The reader is
-    imported afresh and reads the golden package while importing the interpreter raises."""
+    """The interpreter and its graph runner import the reader: the reader importing either back would be
+    a cycle. The reader is imported afresh and reads the golden package while importing them raises."""
     import pytest_ptn.backends.native as native
 
-    monkeypatch.setitem(sys.modules, f"{native.__name__}.interpreter", None)  # an import of it raises
-    monkeypatch.delattr(native, "interpreter", raising=False)
+    for name in ("interpreter", "graph"):
+        monkeypatch.setitem(sys.modules, f"{native.__name__}.{name}", None)  # an import of it raises
+        monkeypatch.delattr(native, name, raising=False)
     monkeypatch.setattr(native, "package", native.package)  # undone: the module the other tests imported
     monkeypatch.delitem(sys.modules, f"{native.__name__}.package")
     fresh = importlib.import_module(f"{native.__name__}.package")

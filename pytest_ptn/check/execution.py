@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -143,9 +143,7 @@ def run_calls(
             break
         returned.append(have)
         if len(have) != len(want):
-            findings.append(
-                Finding("E1", Stage.COMPARE, f"{len(have)} outputs, eager gives {len(want)}", name, i)
-            )
+            findings.append(_other_outputs(name, i, have, want, eager, state_rules))
         else:
             for j, (h, w, ww) in enumerate(zip(have, want, wide_want, strict=True)):
                 check("E1", f"output {j}", name, i, h, w, ww, j)
@@ -168,6 +166,23 @@ def run_calls(
         findings = [told.get(id(f), f) for f in findings]
         differing = [dataclasses.replace(c, finding=told[id(c.finding)]) for c in differing]
     return findings, returned, differing
+
+
+def _other_outputs(
+    name: str,
+    i: int,
+    have: list[Any],
+    want: list[torch.Tensor],
+    eager: Mapping[str, torch.nn.Module],
+    state_keys: Iterable[str] | None,
+) -> Finding:
+    """The finding of call ``i`` returning another number of outputs than eager (check.values.other_outputs:
+    a state write that came back as an output, where the backend shows state, ``state_keys``)."""
+    from pytest_ptn.check.values import other_outputs
+
+    after = {k: t for k in state_keys or () if (t := find_tensor(eager, k)) is not None}
+    detail, how = other_outputs(name, have, len(want), after)
+    return Finding("E1", Stage.COMPARE, detail, name, i, mechanisms=how)
 
 
 def _at_load(loaded: Loaded, eager: Mapping[str, torch.nn.Module], keys: Sequence[str]) -> list[Finding]:

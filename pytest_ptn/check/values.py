@@ -5,7 +5,7 @@ tests, the fuzz and ``check_spec`` judge every run with them."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -112,14 +112,8 @@ class Comparison:
         deviations, mismatches = [], []
         for i, (call, got) in enumerate(zip(calls, ran, strict=True)):
             if len(got.outputs) != len(call.outputs):
-                detail = f"{len(got.outputs)} outputs, eager gives {len(call.outputs)}"
-                returned = writes_returned(got.outputs[: len(got.outputs) - len(call.outputs)], call)
-                if returned:
-                    detail += f": the first {'are' if len(returned) > 1 else 'is'} {', '.join(returned)}"
-                    how = Mechanism(Kind.WRITE_RETURNED, Role.STATE, f"{call.method}() returns {returned[0]}")
-                    mismatches.append(Mismatch(i, call.method, detail, (how,)))
-                else:
-                    mismatches.append(Mismatch(i, call.method, detail))
+                detail, how = other_outputs(call.method, got.outputs, len(call.outputs), call.state_after)
+                mismatches.append(Mismatch(i, call.method, detail, how))
                 continue
             outputs = zip(call.outputs, got.outputs, call.output_bounds(), strict=True)
             wide_after = call.wide.inputs_after if call.wide is not None else (None,) * len(call.inputs_after)
@@ -151,10 +145,24 @@ def same_outputs(ours: Sequence[torch.Tensor], theirs: Sequence[torch.Tensor]) -
     return len(ours) == len(theirs) and all(map(equal, ours, theirs))
 
 
-def writes_returned(extra: list[torch.Tensor], call: EagerCall) -> list[str]:
+def other_outputs(
+    method: str, have: Sequence[object], eager_gives: int, state_after: Mapping[str, torch.Tensor]
+) -> tuple[str, tuple[Mechanism, ...]]:
+    """The words for a call of ``method`` that returned ``have``, another number of outputs than eager's,
+    and its mechanism where the first extra ones hold what state holds after the call (``state_after``, by
+    key): a write that came back as an output and never reached the state (``write-returned:state``)."""
+    detail = f"{len(have)} outputs, eager gives {eager_gives}"
+    returned = _writes_returned(have[: len(have) - eager_gives], state_after)
+    if not returned:
+        return detail, ()
+    detail += f": the first {'are' if len(returned) > 1 else 'is'} {', '.join(returned)}"
+    return detail, (Mechanism(Kind.WRITE_RETURNED, Role.STATE, f"{method}() returns {returned[0]}"),)
+
+
+def _writes_returned(extra: Sequence[object], state_after: Mapping[str, torch.Tensor]) -> list[str]:
     """The words for each of ``extra`` (the outputs a backend returned beyond eager's, which a lowering puts
     first, where buffer mutations go) if each holds a state's value after the call, as eager has it
-    ("what 'step_state' holds after the call"); else none."""
+    (``state_after``, by key: "what 'step_state' holds after the call"); else none."""
     import torch
 
     from pytest_ptn.check.findings import Difference
@@ -164,7 +172,7 @@ def writes_returned(extra: list[torch.Tensor], call: EagerCall) -> list[str]:
         key = next(
             (
                 k
-                for k, want in call.state_after.items()
+                for k, want in state_after.items()
                 if isinstance(value, torch.Tensor)
                 and value.shape == want.shape
                 and Difference.between(value, want) is None

@@ -21,7 +21,7 @@ from pytest_ptn.schedule import LoadSchedule
 if TYPE_CHECKING:
     import torch
 
-    from pytest_ptn.backend import EagerCall, Lowered
+    from pytest_ptn.backend import EagerCall, Lowered, Whose, Witness
     from pytest_ptn.check.alone import CallAlone
     from pytest_ptn.check.explain import Replay, Replays
     from pytest_ptn.check.own_calls import Rerun
@@ -263,3 +263,38 @@ class WrongValues:
             detail += f"; {reduced.why}"
         elsewhere = self.subject.read_elsewhere(d.call, d.have, calls)
         return detail + (f": it read {elsewhere}" if elsewhere else ""), read or elsewhere
+
+
+def witnessed(
+    witness: Witness,
+    found: list[Mismatch],
+    calls: list[EagerCall],
+    ran: list[Ran],
+    seen: list[Ran] | Exception,
+    comparison: Comparison,
+) -> tuple[list[Mismatch], set[Whose]]:
+    """``found``, each saying what the witness gave on the same calls and schedule (``seen``, or what it
+    raised): the same values are the lowering's (or upstream's), eager's values the runtime's own; and
+    whose they are, where the witness tells."""
+    import dataclasses
+
+    from pytest_ptn.backend import one_line
+    from pytest_ptn.check.values import same_outputs
+    from pytest_ptn.instruments.comparison import equal
+
+    if isinstance(seen, Exception):
+        said = f"{witness.by} raised {one_line(seen)}"
+        return [dataclasses.replace(m, detail=f"{m.detail}; {said}") for m in found], set()
+    out, whose = [], set()
+    for m in found:
+        theirs, ours, call = seen[m.call].outputs, ran[m.call].outputs, calls[m.call]
+        same = same_outputs(ours, theirs)
+        bounds = call.output_bounds()
+        eager = len(theirs) == len(call.outputs) and all(
+            equal(t, e, b, comparison.tolerance, comparison.computed_in(e))
+            for t, e, b in zip(theirs, call.outputs, bounds, strict=True)
+        )
+        out.append(dataclasses.replace(m, detail=f"{m.detail}; {witness.says(same, eager)}"))
+        if (who := witness.whose(same, eager)) is not None:
+            whose.add(who)
+    return out, whose

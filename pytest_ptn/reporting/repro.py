@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING
 import pytest
 
 from pytest_ptn.backend import WIDE_RUN
-from pytest_ptn.harness import Case
 from pytest_ptn.reporting import standalone
 from pytest_ptn.run.state import FAILING_PROGRAMS, RUN_STATE
 
@@ -38,6 +37,7 @@ if TYPE_CHECKING:
     import torch
 
     from pytest_ptn.backend import EagerCall, Lowered
+    from pytest_ptn.harness import Case
     from pytest_ptn.spec import ProgramSpec
 
 OPTION = "--ptn-repro"
@@ -117,6 +117,8 @@ class BundleWriter:
 def failing_cases(item: pytest.Item) -> list[Case]:
     """The case a failed test ran: its ``ptn_case``, or for the fuzz test one per program it failed on
     (one per unlisted mechanism: ``fuzz``, ``fuzz-2``, ...)."""
+    from pytest_ptn.harness import Case
+
     funcargs = getattr(item, "funcargs", {})
     case = funcargs.get(CASE_FIXTURE)
     if isinstance(case, Case):

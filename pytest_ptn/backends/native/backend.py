@@ -57,7 +57,7 @@ def _quant_keys(meta: Any) -> Iterator[str]:
 def package_view(package: PtnPackage, placeholders: dict[str, dict[str, str]]) -> PackageView:
     from executorch.backends.native.serialization import schema
 
-    from pytest_ptn.backends.native.interpreter import iter_graphs
+    from pytest_ptn.backends.native.graph import iter_graphs
 
     bindings: dict[str, dict[str, str]] = {}
     references: list[Reference] = []
