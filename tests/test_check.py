@@ -15,6 +15,7 @@ from broken_backends import (
     NoDedupe,
     NoSharing,
     NotNamespaced,
+    ReinitOnLateLoad,
     StateCopiedPerMethod,
     ThreadUnsafe,
     VagueErrors,
@@ -125,6 +126,20 @@ def test_a_state_write_that_comes_back_as_an_output_is_write_returned_in_check_p
     assert counts, [str(f) for f in findings]
     assert {m.key for f in counts for m in f.mechanisms} == {"write-returned:state"}, [str(f) for f in counts]
     assert "what 'cache' holds after the call" in counts[0].detail
+
+
+def test_state_a_late_load_puts_back_is_reinitialised_in_check_program() -> None:
+    """One judge (issue 58): a loader that puts shared state back to its initial value when a method loads
+    after another ran (executorch#21958) is ``reinitialised:state`` in check_program's copy loaded at first
+    call, as in the scenario tests and the fuzz; the up-front copy shows nothing."""
+    findings = check_program(PrefillDecode(), METHODS, CALLS, backend=ReinitOnLateLoad())
+    outputs = [f for f in findings if f.rule == "E1"]
+    assert outputs and all("loaded at their first call" in f.detail for f in outputs), [
+        str(f) for f in findings
+    ]
+    assert {m.key for f in outputs for m in f.mechanisms} == {"reinitialised:state"}, [
+        str(f) for f in outputs
+    ]
 
 
 class Overflowing(torch.nn.Module):

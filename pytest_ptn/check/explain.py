@@ -32,9 +32,12 @@ def explain(
     returned: list[list[torch.Tensor]],
     program: UserProgram,
     sequence: Sequence[Call],
+    schedule: LoadSchedule | None = None,
+    late_only: Collection[int] = (),
 ) -> list[Finding]:
     """``findings``, each wrong call output, and each call that raised, that one faulty binding accounts for
-    saying so."""
+    saying so; run with methods loaded as ``schedule`` says, whose faults of loading account for the calls
+    of ``late_only`` (``explanations``)."""
     wrong: dict[int, str] = {
         f.call: f.method
         for f in findings
@@ -48,7 +51,7 @@ def explain(
     if not wrong and not errors:
         return findings
     replays = faulty_replays(program.export(), mutable_keys(program.inspected()), sequence)
-    explained = explanations(replays, returned, wrong)
+    explained = explanations(replays, returned, wrong, schedule, late_only)
     names = list(program.methods)
     out = []
     for f in findings:

@@ -65,7 +65,7 @@ def judged(backend: Backend, program: UserProgram, sequence: list, workdir: Path
     failed = {f.call for f in findings if f.rule != ACCURACY}
     second = load_reversed(backend.load(lowered), program)
     copies = second_copy(judge, second, state_rules, failed)
-    copies += loaded_at_first_call(judge, backend.load(lowered), state_rules, failed)
+    copies += loaded_at_first_call(judge, backend.load(lowered), state_rules, failed, returned)
     findings += explain(copies, [], program, sequence)  # the calls that raised there
     if Capability.PACKAGE in backend.capabilities:
         findings += package_findings(lowered.package(), inspected)
@@ -294,19 +294,29 @@ class Judge:
 
 
 def loaded_at_first_call(
-    judge: Judge, loaded: Loaded, state_rules: dict[str, str] | None, failed: set[int | None]
+    judge: Judge,
+    loaded: Loaded,
+    state_rules: dict[str, str] | None,
+    failed: set[int | None],
+    up_front: list[list[Any]],
 ) -> list[Finding]:
     """A copy whose methods load at their first call, after the others ran (as
     ``executorch.extension.module.Module`` loads them): its calls match the methods alone where the up-front
-    copy's did."""
+    copy's did. A wrong output that the up-front copy (``up_front``: what each of its calls returned) did
+    not give is loading's: the replays of that load schedule may name it (``reinitialised:state``), as they
+    do in the scenario tests and the fuzz (check.own_calls.late_only)."""
+    from pytest_ptn.check.explain import explain
+    from pytest_ptn.check.values import same_outputs
+
     schedule = LoadSchedule.AT_FIRST_CALL
-    findings, _, differing = judge.run(loaded, state_rules, schedule)
+    findings, returned, differing = judge.run(loaded, state_rules, schedule)
+    kept = [f for f in judge.isolation(findings, differing) if f.call not in failed and f.rule != "E5"]
+    late = {
+        i for i, values in enumerate(returned) if i >= len(up_front) or not same_outputs(values, up_front[i])
+    }
+    kept = explain(kept, returned, judge.program, judge.sequence, schedule, late)
     said = schedule.describe([name for name, _ in judge.sequence])
-    return [
-        dataclasses.replace(f, detail=f"{said}: {f.detail}")
-        for f in judge.isolation(findings, differing)
-        if f.call not in failed and f.rule != "E5"
-    ]
+    return [dataclasses.replace(f, detail=f"{said}: {f.detail}") for f in kept]
 
 
 def rejection(
