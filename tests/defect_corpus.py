@@ -31,6 +31,7 @@ from broken_backends import (
 from pytest_ptn.backends.reference import ReferenceBackend
 from pytest_ptn.mechanisms import Kind
 from pytest_ptn.reference.loader import ReferenceLoaded
+from pytest_ptn.spec import Constant, Method, ProgramSpec
 
 
 class _GeneratedNamesOnlyLoaded(ReferenceLoaded):
@@ -69,6 +70,26 @@ class IntegerConstantsZeroFilled(_WithLoader):
     name = "corpus-int-zero-filled"
 
     loaded = _IntegerZeroFilledLoaded
+
+
+def two_integers_read_together() -> ProgramSpec:
+    """A program whose second call reads two integer constants at once (a literal and a buffer): what
+    IntegerConstantsZeroFilled gets wrong in one call, each wrong value another zero-filled tensor's."""
+    return ProgramSpec(
+        methods=(
+            Method("prefill", (Constant("w", "parameter"),), reads=("w",)),
+            Method(
+                "forward",
+                (
+                    Constant("w", "attribute", "float16"),
+                    Constant("_tensor_constant0", "literal", "int32", (16,)),
+                    Constant("weight", "buffer", "int16"),
+                ),
+                reads=("w", "_tensor_constant0", "weight"),
+            ),
+        ),
+        calls=("prefill", "forward"),
+    )
 
 
 class _ByNameOnLateLoadLoaded(ReferenceLoaded):

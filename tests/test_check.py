@@ -142,6 +142,23 @@ def test_state_a_late_load_puts_back_is_reinitialised_in_check_program() -> None
     ]
 
 
+def test_each_wrong_element_may_be_another_fault_s_in_check_program() -> None:
+    """One judge (issue 58): a call that reads two zero-filled tensors, which no single binding gives, is
+    explained element by element in check_program as in the fuzz (``zero-filled:constant`` and
+    ``zero-filled:buffer``), not left unexplained."""
+    from defect_corpus import IntegerConstantsZeroFilled, two_integers_read_together
+
+    from pytest_ptn.programs.build import Program
+
+    spec = two_integers_read_together()
+    program = Program(spec)
+    inputs = {m: program.example_inputs(m) for m in program.method_names}
+    calls = [(m, program.example_inputs(m)) for m in spec.calls]
+    findings = check_program(program.modules(), inputs, calls, backend=IntegerConstantsZeroFilled())
+    keys = {m.key for f in findings if f.rule == "E1" for m in f.mechanisms}
+    assert keys == {"zero-filled:constant", "zero-filled:buffer"}, [str(f) for f in findings]
+
+
 class Overflowing(torch.nn.Module):
     """Two methods whose outputs hold inf and -inf, as a softmax mask or a log of zero gives."""
 

@@ -321,35 +321,15 @@ def test_an_error_no_binding_reproduces_keeps_its_message_key(tmp_path: Path, wa
     assert verdict.keys == ["error:running:RuntimeError: kernel for … missing: code NxN"]
 
 
-def _two_integers_read_together() -> ProgramSpec:
-    from pytest_ptn.spec import Constant, Method
-
-    return ProgramSpec(
-        methods=(
-            Method("prefill", (Constant("w", "parameter"),), reads=("w",)),
-            Method(
-                "forward",
-                (
-                    Constant("w", "attribute", "float16"),
-                    Constant("_tensor_constant0", "literal", "int32", (16,)),
-                    Constant("weight", "buffer", "int16"),
-                ),
-                reads=("w", "_tensor_constant0", "weight"),
-            ),
-        ),
-        calls=("prefill", "forward"),
-    )
-
-
 def test_each_wrong_value_may_be_another_fault_s(tmp_path: Path, warm_torch: None) -> None:
     """A loader that zero-fills every integer constant: one call reads two of them, and no single binding
     gives both values; each wrong value is one replay's (a zero-filled constant and a zero-filled buffer),
     so the call is explained, not ``unexplained`` (the nightly's 17 programs of 50 before)."""
-    from defect_corpus import IntegerConstantsZeroFilled
+    from defect_corpus import IntegerConstantsZeroFilled, two_integers_read_together
 
     from pytest_ptn.fuzzing.verdict import verdict_on
 
-    verdict = verdict_on(IntegerConstantsZeroFilled(), _two_integers_read_together(), tmp_path)
+    verdict = verdict_on(IntegerConstantsZeroFilled(), two_integers_read_together(), tmp_path)
     assert verdict.keys == ["zero-filled:buffer", "zero-filled:constant"], verdict.message
 
 

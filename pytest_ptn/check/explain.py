@@ -34,10 +34,12 @@ def explain(
     sequence: Sequence[Call],
     schedule: LoadSchedule | None = None,
     late_only: Collection[int] = (),
+    eager: Sequence[Sequence[torch.Tensor]] | None = None,
 ) -> list[Finding]:
-    """``findings``, each wrong call output, and each call that raised, that one faulty binding accounts for
-    saying so; run with methods loaded as ``schedule`` says, whose faults of loading account for the calls
-    of ``late_only`` (``explanations``)."""
+    """``findings``, each wrong call output, and each call that raised, that faulty bindings account for
+    saying so (``explanations``: run with methods loaded as ``schedule`` says, whose faults of loading
+    account for the calls of ``late_only``; with ``eager``'s outputs, each wrong element may be another
+    binding's)."""
     wrong: dict[int, str] = {
         f.call: f.method
         for f in findings
@@ -51,7 +53,7 @@ def explain(
     if not wrong and not errors:
         return findings
     replays = faulty_replays(program.export(), mutable_keys(program.inspected()), sequence)
-    explained = explanations(replays, returned, wrong, schedule, late_only)
+    explained = explanations(replays, returned, wrong, schedule, late_only, eager)
     names = list(program.methods)
     out = []
     for f in findings:

@@ -18,6 +18,8 @@ from pytest_ptn.reference.planner import StateConflictError
 from pytest_ptn.schedule import LoadSchedule
 
 if TYPE_CHECKING:
+    import torch
+
     from pytest_ptn.check.alone import CallAlone
     from pytest_ptn.check.execution import Compared
     from pytest_ptn.mechanisms import Mechanism
@@ -55,7 +57,7 @@ def judged(backend: Backend, program: UserProgram, sequence: list, workdir: Path
     findings, returned, differing = judge.run(loaded, state_rules)
     if any(f.stage == Stage.LOAD for f in findings):
         return findings
-    findings = explain(findings, returned, program, sequence)
+    findings = explain(findings, returned, program, sequence, eager=judge.eager_if_wrong(findings))
     findings = in_planned_memory(findings, lowered, sequence)
     if Capability.PACKAGE in backend.capabilities:
         findings = in_package(findings, lowered, program, sequence)
@@ -156,6 +158,7 @@ class Judge:
         self.precision = reduced.why if reduced is not None else None
         self._alone: list[CallAlone] | str | None = None
         self._suspects: dict[str, str] | None = None
+        self._eager_outputs: list[list[torch.Tensor]] | None = None
 
     def run(
         self,
@@ -254,13 +257,26 @@ class Judge:
         """The methods whose alone run is suspect (pytest_ptn.check.alone.suspects): asked by every copy's
         run, computed once, as the alone run is."""
         from pytest_ptn.check.alone import suspects
-        from pytest_ptn.check.execution import flat
 
         if self._suspects is None:
-            modules = self.program.eager()
-            eager = [(name, flat(modules[name](*copy.deepcopy(args)))) for name, args in self.sequence]
-            self._suspects = suspects(alone, eager)
+            eager = self.eager_outputs()
+            named = [(name, out) for (name, _), out in zip(self.sequence, eager, strict=True)]
+            self._suspects = suspects(alone, named)
         return self._suspects
+
+    def eager_if_wrong(self, findings: list[Finding]) -> list[list[torch.Tensor]] | None:
+        """``eager_outputs`` where some of ``findings`` is a wrong value (explain's evidence), else None."""
+        wrong = any(f.rule == "E1" and f.stage == Stage.COMPARE for f in findings)
+        return self.eager_outputs() if wrong else None
+
+    def eager_outputs(self) -> list[list[torch.Tensor]]:
+        """What eager gives on each call of the sequence, its outputs flat: computed once."""
+        from pytest_ptn.check.execution import flat
+
+        if self._eager_outputs is None:
+            modules = self.program.eager()
+            self._eager_outputs = [flat(modules[name](*copy.deepcopy(args))) for name, args in self.sequence]
+        return self._eager_outputs
 
     def isolation(self, findings: list[Finding], differing: list[Compared]) -> list[Finding]:
         """The isolation findings of another copy's run (its accuracy is the first copy's)."""
@@ -314,7 +330,7 @@ def loaded_at_first_call(
     late = {
         i for i, values in enumerate(returned) if i >= len(up_front) or not same_outputs(values, up_front[i])
     }
-    kept = explain(kept, returned, judge.program, judge.sequence, schedule, late)
+    kept = explain(kept, returned, judge.program, judge.sequence, schedule, late, judge.eager_if_wrong(kept))
     said = schedule.describe([name for name, _ in judge.sequence])
     return [dataclasses.replace(f, detail=f"{said}: {f.detail}") for f in kept]
 
