@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from pytest_ptn.check.wrong_values import Subject
     from pytest_ptn.instruments.comparison import Tolerance
     from pytest_ptn.programs.user import UserScenario
+    from pytest_ptn.run.failure import Found
     from pytest_ptn.spec import ProgramSpec, Scenario
 
 
@@ -359,6 +360,26 @@ class Case:
         except AloneUnavailable as e:
             pytest.skip(not_applicable(f"no truth of the methods alone: {e}"))
         return self.attributed(mismatches, calls, ran, LoadSchedule.UP_FRONT) if mismatches else mismatches
+
+    def failure(self, error: BaseException) -> Found:
+        """How a failure of this case's test came about, and whose it is: what its checks found, else, for
+        an exception no check made (a load or a call that raised), the faulty binding that makes the program
+        raise the same (check.explain), or that exception's own mechanism. An ``assert`` of the test itself
+        is a check's finding without one: the causes read its words."""
+        from pytest_ptn.backend import whose_of
+        from pytest_ptn.run.failure import Found, raised_by_backend
+
+        whose = whose_of(self.whose)
+        if self.found or not raised_by_backend(error):
+            return Found(tuple(self.found), whose)
+        said = raised(Step.RUNNING, error)
+        if self.raised_at is not None:
+            from pytest_ptn.check.explain import explaining_error
+
+            replay = explaining_error(self.replays(), said, self.raised_at, self.program.method_names)
+            if replay is not None:
+                return Found(replay.mechanisms, whose)
+        return Found((said,), whose)
 
     def _read_elsewhere(self, call: int, have: torch.Tensor, calls: list[EagerCall]) -> str:
         """For a quantized program: whose same-named quantized constant (``_frozen_param0``) the output is

@@ -26,7 +26,6 @@ from pytest_ptn.backend import (
     availability_of,
     resolve_backend,
     runtime_availability,
-    whose_of,
 )
 from pytest_ptn.fuzzing import progress
 from pytest_ptn.fuzzing.run import FuzzRun, FuzzShare
@@ -43,7 +42,7 @@ from pytest_ptn.ruleset import (
     should_not_met,
 )
 from pytest_ptn.run import hookspecs, stopping
-from pytest_ptn.run.failure import FOUND, Found, carried
+from pytest_ptn.run.failure import FOUND, Found, carried, raised_by_backend
 from pytest_ptn.run.state import RUN_STATE, RunState
 from pytest_ptn.schedule import LoadSchedule
 from pytest_ptn.scheduling import crashes, gpus, hangs, shards, workers
@@ -622,10 +621,8 @@ def pytest_runtest_makereport(
 
 def failure_found(item: pytest.Item, error: BaseException) -> Found:
     """How a conformance test's failure came about, and whose it is: what a test that judges on its own left
-    on its item (the fuzz: ``FOUND``), else what its case's checks found (``Case.found``, ``Case.whose``),
-    else, for an exception no check made (a load or a call that raised), the faulty binding that makes the
-    program raise the same (pytest_ptn.check.explain), or that exception's own mechanism. An ``assert`` of
-    the test itself is a check's finding without one: the causes read its words."""
+    on its item (the fuzz: ``FOUND``), else what its case says (``Case.failure``), else, for an exception no
+    check made, that exception's own mechanism."""
     from pytest_ptn.harness import Case
 
     if FOUND in item.stash:
@@ -633,21 +630,9 @@ def failure_found(item: pytest.Item, error: BaseException) -> Found:
     if _callspec_param(item, "ptn_backend") is None:
         return Found(())
     case = getattr(item, "funcargs", {}).get(repro.CASE_FIXTURE)
-    if not isinstance(case, Case):
-        case = None
-    whose = whose_of(case.whose) if case is not None else None
-    found = tuple(case.found) if case is not None else ()
-    outcomes = (pytest.fail.Exception, pytest.skip.Exception, pytest.xfail.Exception, AssertionError)
-    if found or not isinstance(error, Exception) or isinstance(error, outcomes):
-        return Found(found, whose)
-    said = mechanisms.raised(mechanisms.Step.RUNNING, error)
-    if case is not None and case.raised_at is not None:
-        from pytest_ptn.check.explain import explaining_error
-
-        replay = explaining_error(case.replays(), said, case.raised_at, case.program.method_names)
-        if replay is not None:
-            return Found(replay.mechanisms, whose)
-    return Found((said,), whose)
+    if isinstance(case, Case):
+        return case.failure(error)
+    return Found((mechanisms.raised(mechanisms.Step.RUNNING, error),) if raised_by_backend(error) else ())
 
 
 # --- upstream warnings and logs (pytest_ptn.upstream_noise) ----------------------------------------------

@@ -26,6 +26,13 @@ FOUND = pytest.StashKey[Found]()
 """What a test that judges on its own found, for the report hook to carry."""
 
 
+def raised_by_backend(error: BaseException) -> bool:
+    """Whether ``error`` is an exception no check made (a load or a call that raised), not a test's outcome
+    (pytest's fail, skip, xfail) nor an ``assert`` of the test, whose words are a check's finding."""
+    outcomes = (pytest.fail.Exception, pytest.skip.Exception, pytest.xfail.Exception, AssertionError)
+    return isinstance(error, Exception) and not isinstance(error, outcomes)
+
+
 def carried(properties: Iterable[tuple[str, object]], found: Found) -> list[tuple[str, object]]:
     """``properties`` with ``found``'s mechanisms (mechanisms.PROPERTY) and whose (WHOSE_PROPERTY), each
     where it says something and the test carries none yet."""
