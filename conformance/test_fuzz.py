@@ -25,11 +25,10 @@ def test_generated_programs_match_eager(
 ) -> None:
     from hypothesis import given
 
-    from pytest_ptn.fuzzing.record import FuzzRecord
     from pytest_ptn.spec import ProgramSpec
     from pytest_ptn.strategies import program_specs
 
-    record = FuzzRecord(ptn_backend, ptn_fuzz)
+    record = ptn_fuzz.record(ptn_backend)
 
     @ptn_fuzz
     @given(program_specs(stateful=ptn_backend.keeps_no_state() is None))

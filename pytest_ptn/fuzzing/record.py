@@ -15,7 +15,6 @@ import pytest
 from pytest_ptn.backend import Backend, Whose, whose_of
 from pytest_ptn.check.earlier import EarlierPrograms
 from pytest_ptn.fuzzing.apart import dies_on_some, verdict_in_child
-from pytest_ptn.fuzzing.run import FuzzRun
 from pytest_ptn.fuzzing.tally import TALLY_PROPERTY, FuzzTally
 from pytest_ptn.fuzzing.verdict import UnlistedMechanism, program_size, unlisted, verdict_on
 from pytest_ptn.mechanisms import Mechanism, Step
@@ -31,12 +30,17 @@ if TYPE_CHECKING:
 
 
 class FuzzRecord:
-    """One fuzz test item's programs on ``backend``, run as ``fuzz`` (the ``ptn_fuzz`` fixture) says."""
+    """One fuzz test item's programs on ``backend`` (``FuzzRun.record`` makes it): ``listed``, the mechanisms
+    its expectations list; ``limit``, the seconds a program judged apart may say nothing; ``progress``, told
+    how many programs have run."""
 
-    def __init__(self, backend: Backend, fuzz: FuzzRun):
+    def __init__(
+        self, backend: Backend, listed: set[str], limit: float, progress: Callable[[int], None]
+    ) -> None:
         self.backend = backend
-        self.fuzz = fuzz
-        self.listed = set(fuzz.listed)
+        self.listed = listed
+        self.limit = limit
+        self.progress = progress
         self.apart = dies_on_some(self.listed)
         self.earlier = (
             EarlierPrograms()
@@ -62,14 +66,14 @@ class FuzzRecord:
 
         crashes.attach(f"the program, as a test:\n\n{reproducer(spec)}")  # shown if the backend crashes
         if self.apart:  # a listed crash or hang costs its program only
-            verdict = verdict_in_child(self.backend, spec, workdir, self.fuzz.limit, self._entering)
+            verdict = verdict_in_child(self.backend, spec, workdir, self.limit, self._entering)
         else:
             verdict = verdict_on(self.backend, spec, workdir, self._entering, self.earlier)
         program = reproducer(spec)
         if program not in self.drawn:  # hypothesis replays a failing program: one program, counted once
             self.drawn.add(program)
             self.tally.add(verdict.keys, self.listed, program, program_size(spec))
-            self.fuzz.progress(len(self.drawn))
+            self.progress(len(self.drawn))
         for key in verdict.keys:
             event(f"ptn mechanism {key}: {'listed' if key in self.listed else 'UNLISTED'}")
         new = verdict.unlisted(self.listed)

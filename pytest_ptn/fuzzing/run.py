@@ -5,9 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_ptn.fuzzing.sequence import owned
+
+if TYPE_CHECKING:
+    from pytest_ptn.backend import Backend
+    from pytest_ptn.fuzzing.record import FuzzRecord
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,12 @@ class FuzzRun:
         self.progress: Callable[[int], None] = lambda done: None
         self.limit = 0.0
         """Seconds a program judged apart may say nothing before it is hung (0: no limit)."""
+
+    def record(self, backend: Backend) -> FuzzRecord:
+        """What this item's programs on ``backend`` show, for its ``@given`` test to fill (fuzzing.record)."""
+        from pytest_ptn.fuzzing.record import FuzzRecord
+
+        return FuzzRecord(backend, set(self.listed), self.limit, self.progress)
 
     def __call__(self, test: Callable[..., None]) -> Any:
         from hypothesis import seed, settings
