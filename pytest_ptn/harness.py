@@ -7,7 +7,7 @@ loading is cheap and every test gets fresh loaded copies, so state never leaks b
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from pytest_ptn.backend import Backend, EagerCall, Loaded, Lowered, Whose
     from pytest_ptn.check.alone import MethodsAlone
     from pytest_ptn.check.earlier import EarlierPrograms
-    from pytest_ptn.check.explain import Replays
+    from pytest_ptn.check.explain import Replay, Replays
     from pytest_ptn.check.values import Comparison
     from pytest_ptn.check.wrong_values import Subject
     from pytest_ptn.instruments.comparison import Tolerance
@@ -374,12 +374,23 @@ class Case:
             return Found(tuple(self.found), whose)
         said = raised(Step.RUNNING, error)
         if self.raised_at is not None:
-            from pytest_ptn.check.explain import explaining_error
-
-            replay = explaining_error(self.replays(), said, self.raised_at, self.program.method_names)
+            replay = self.raising(said, self.program.method_names)
             if replay is not None:
                 return Found(replay.mechanisms, whose)
         return Found((said,), whose)
+
+    def raising(self, error: Mechanism, names: Sequence[str]) -> Replay | None:
+        """The faulty binding that makes the program raise ``error`` (its mechanism) at the call the backend
+        raised at (check.explain.explaining_error; ``names``: the program's method names): the program's own
+        replays first, what earlier programs held only where those raise nothing alike or bind by metadata
+        alone; a tie goes to the kind earlier programs showed most."""
+        from pytest_ptn.check.explain import explaining_error
+
+        shown = self.earlier.shown if self.earlier is not None else None
+        replay = explaining_error(self.replays(earlier=False), error, self.raised_at, names, shown)
+        if self.earlier is not None and (replay is None or replay.weak):
+            replay = explaining_error(self.replays(), error, self.raised_at, names, shown)
+        return replay
 
     def _read_elsewhere(self, call: int, have: torch.Tensor, calls: list[EagerCall]) -> str:
         """For a quantized program: whose same-named quantized constant (``_frozen_param0``) the output is

@@ -34,12 +34,12 @@ def explain(
     sequence: Sequence[Call],
     schedule: LoadSchedule | None = None,
     late_only: Collection[int] = (),
-    eager: Sequence[Sequence[torch.Tensor]] | None = None,
+    eager: Callable[[], Sequence[Sequence[torch.Tensor]]] | None = None,
 ) -> list[Finding]:
     """``findings``, each wrong call output, and each call that raised, that faulty bindings account for
     saying so (``explanations``: run with methods loaded as ``schedule`` says, whose faults of loading
-    account for the calls of ``late_only``; with ``eager``'s outputs, each wrong element may be another
-    binding's)."""
+    account for the calls of ``late_only``; with eager's outputs, asked of ``eager`` only where an output
+    is wrong, each wrong element may be another binding's)."""
     wrong: dict[int, str] = {
         f.call: f.method
         for f in findings
@@ -53,7 +53,9 @@ def explain(
     if not wrong and not errors:
         return findings
     replays = faulty_replays(program.export(), mutable_keys(program.inspected()), sequence)
-    explained = explanations(replays, returned, wrong, schedule, late_only, eager)
+    explained = explanations(
+        replays, returned, wrong, schedule, late_only, eager() if eager and wrong else None
+    )
     names = list(program.methods)
     out = []
     for f in findings:

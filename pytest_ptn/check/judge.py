@@ -57,7 +57,7 @@ def judged(backend: Backend, program: UserProgram, sequence: list, workdir: Path
     findings, returned, differing = judge.run(loaded, state_rules)
     if any(f.stage == Stage.LOAD for f in findings):
         return findings
-    findings = explain(findings, returned, program, sequence, eager=judge.eager_if_wrong(findings))
+    findings = explain(findings, returned, program, sequence, eager=judge.eager_outputs)
     findings = in_planned_memory(findings, lowered, sequence)
     if Capability.PACKAGE in backend.capabilities:
         findings = in_package(findings, lowered, program, sequence)
@@ -264,11 +264,6 @@ class Judge:
             self._suspects = suspects(alone, named)
         return self._suspects
 
-    def eager_if_wrong(self, findings: list[Finding]) -> list[list[torch.Tensor]] | None:
-        """``eager_outputs`` where some of ``findings`` is a wrong value (explain's evidence), else None."""
-        wrong = any(f.rule == "E1" and f.stage == Stage.COMPARE for f in findings)
-        return self.eager_outputs() if wrong else None
-
     def eager_outputs(self) -> list[list[torch.Tensor]]:
         """What eager gives on each call of the sequence, its outputs flat: computed once."""
         from pytest_ptn.check.execution import flat
@@ -322,15 +317,13 @@ def loaded_at_first_call(
     not give is loading's: the replays of that load schedule may name it (``reinitialised:state``), as they
     do in the scenario tests and the fuzz (check.own_calls.late_only)."""
     from pytest_ptn.check.explain import explain
-    from pytest_ptn.check.values import same_outputs
+    from pytest_ptn.check.values import differing_calls
 
     schedule = LoadSchedule.AT_FIRST_CALL
     findings, returned, differing = judge.run(loaded, state_rules, schedule)
     kept = [f for f in judge.isolation(findings, differing) if f.call not in failed and f.rule != "E5"]
-    late = {
-        i for i, values in enumerate(returned) if i >= len(up_front) or not same_outputs(values, up_front[i])
-    }
-    kept = explain(kept, returned, judge.program, judge.sequence, schedule, late, judge.eager_if_wrong(kept))
+    late = differing_calls(returned, up_front)
+    kept = explain(kept, returned, judge.program, judge.sequence, schedule, late, judge.eager_outputs)
     said = schedule.describe([name for name, _ in judge.sequence])
     return [dataclasses.replace(f, detail=f"{said}: {f.detail}") for f in kept]
 

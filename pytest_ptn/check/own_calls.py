@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from pytest_ptn.check.values import Comparison, Deviation, Ran, same_outputs
+from pytest_ptn.check.values import Comparison, Deviation, Ran, differing_calls
 from pytest_ptn.schedule import LoadSchedule
 
 if TYPE_CHECKING:
@@ -67,4 +67,4 @@ def late_only(calls: list[EagerCall], ran: list[Ran], wrong: Mapping[int, str], 
         up_front = rerun(calls, LoadSchedule.UP_FRONT, False)
     except Exception:  # no evidence either way
         return set()
-    return {call for call in wrong if not same_outputs(ran[call].outputs, up_front[call].outputs)}
+    return set(wrong) & differing_calls([r.outputs for r in ran], [r.outputs for r in up_front])

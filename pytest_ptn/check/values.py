@@ -145,6 +145,14 @@ def same_outputs(ours: Sequence[torch.Tensor], theirs: Sequence[torch.Tensor]) -
     return len(ours) == len(theirs) and all(map(equal, ours, theirs))
 
 
+def differing_calls(
+    ours: Sequence[Sequence[torch.Tensor]], theirs: Sequence[Sequence[torch.Tensor]]
+) -> set[int]:
+    """The calls whose outputs in one run (``ours``) another run of the same calls (``theirs``) does not
+    give: where a call of ``theirs`` is missing (it raised before), it gave nothing alike."""
+    return {i for i, outputs in enumerate(ours) if i >= len(theirs) or not same_outputs(outputs, theirs[i])}
+
+
 def other_outputs(
     method: str, have: Sequence[object], eager_gives: int, state_after: Mapping[str, torch.Tensor]
 ) -> tuple[str, tuple[Mechanism, ...]]:

@@ -94,14 +94,9 @@ def _raised_running(case: Case, error: Exception, names: list[str]) -> Verdict:
     """An error while loading or running: the faulty binding that makes the program raise the same is its
     mechanism (a loader binding another method's tensor of another dtype fails the method's graph as the
     replay binding it does); an error none reproduces is its step, type and message."""
-    from pytest_ptn.check.explain import explaining_error
-
     said = f"{type(error).__name__}: {error}"
     error_of = raised(Step.RUNNING, error, names)
-    shown = case.earlier.shown if case.earlier is not None else None
-    replay = explaining_error(case.replays(earlier=False), error_of, case.raised_at, names, shown)
-    if replay is None or replay.weak:  # what earlier programs held, only where the program alone falls short
-        replay = explaining_error(case.replays(), error_of, case.raised_at, names, shown)
+    replay = case.raising(error_of, names)
     whose, of = _whose_error(case)
     if whose:
         said += f"\n  {whose}"
