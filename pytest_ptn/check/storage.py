@@ -18,13 +18,15 @@ Groups = dict[tuple[str, str], list[Pair]]
 def topology(loaded: Loaded, programs: dict) -> dict[Pair, int]:
     """(method, immutable key the method reads) -> the allocation behind it; one key per tensor. A key the
     method's graph never reads (a parameter of the module that another method uses, a second FQN of one
-    tensor, see aliases) need not be allocated at all, so it has no place in the topology."""
+    tensor, see aliases) need not be allocated at all, so it has no place in the topology. In the order the
+    exported programs list their constants: which of two keys sharing one allocation a finding names first
+    is the same in every run."""
     mutable = mutable_keys(programs)
     return {
         (method, key): loaded.storage(method, key)
         for method, ep in programs.items()
-        for key in read_keys(ep) & set(constants_of(ep))
-        if key not in mutable and key not in aliases(ep)
+        for key in constants_of(ep)
+        if key in read_keys(ep) and key not in mutable and key not in aliases(ep)
     }
 
 
