@@ -7,7 +7,7 @@ loading is cheap and every test gets fresh loaded copies, so state never leaks b
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -23,10 +23,9 @@ if TYPE_CHECKING:
     from pytest_ptn.backend import Backend, EagerCall, Loaded, Lowered, Whose
     from pytest_ptn.check.alone import MethodsAlone
     from pytest_ptn.check.earlier import EarlierPrograms
-    from pytest_ptn.check.explain import Replay, Replays
+    from pytest_ptn.check.replayed import ProgramReplays
     from pytest_ptn.check.values import Comparison
     from pytest_ptn.check.wrong_values import Subject
-    from pytest_ptn.instruments.comparison import Tolerance
     from pytest_ptn.programs.user import UserScenario
     from pytest_ptn.run.failure import Found
     from pytest_ptn.spec import ProgramSpec, Scenario
@@ -79,7 +78,6 @@ class Case:
         the test that fails on them carries them to the reports (mechanisms.PROPERTY)."""
         self.raised_at: int | None = None
         """The call of the sequence the backend raised at, after ``run_calls`` raised."""
-        self._earlier_replays: dict[tuple[object, ...], Replays] = {}
         self.whose: set[Whose] = set()
         """Whose what this case's checks found is, where the backend has a witness (``attributed``): the
         test that fails on it carries it to the reports (backend.WHOSE_PROPERTY)."""
@@ -104,17 +102,14 @@ class Case:
 
         return Capability.QUANTIZE in self.backend.capabilities
 
-    @property
-    def tolerance(self) -> Tolerance | None:
-        """What the backend declares its quantized results may differ by (None: the dtype's bound alone)."""
-        return self.backend.tolerance if self.quantized else None
-
     @cached_property
     def comparison(self) -> Comparison:
-        """How this case's values are compared: the backend's tolerance and its float32 precision."""
+        """How this case's values are compared: the tolerance a backend that quantizes declares (None: the
+        dtype's bound alone) and the backend's float32 precision."""
         from pytest_ptn.check.values import Comparison
 
-        return Comparison(self.tolerance, self.backend.float32_computed_in())
+        tolerance = self.backend.tolerance if self.quantized else None
+        return Comparison(tolerance, self.backend.float32_computed_in())
 
     def exported(self) -> dict[str, torch.export.ExportedProgram]:
         """Fresh programs to inspect (never the ones the backend lowered), functionalized so that their
@@ -233,18 +228,15 @@ class Case:
     ) -> list[Ran]:
         """What ``loaded`` gives for each call, methods loaded as ``schedule`` says (and its state view after
         each call, where ``state``)."""
+        from pytest_ptn.check.execution import run
+
         loads = schedule.loads(self.program.method_names, [c.method for c in calls])
-        ran = []
-        for i, (call, to_load) in enumerate(zip(calls, loads, strict=True)):
-            self.raised_at = i  # until it runs: where an error of the backend's raised
-            for method in to_load:
-                self._enter(f"loading {method}()")
-                loaded.load_method(method)
-            given = [t.clone() for t in call.inputs]
-            self._enter(f"running {call.method}()")
-            outputs = [t.clone() for t in loaded.run(call.method, given)]  # a runtime may reuse its memory
-            shown = {k: t.clone() for k, t in loaded.state().items()} if state else None
-            ran.append(Ran(outputs, given, shown))
+        ran: list[Ran] = []
+        try:
+            run(loaded, calls, loads, state, ran, self._enter)
+        except BaseException:
+            self.raised_at = len(ran)  # where an error of the backend's raised
+            raise
         self.raised_at = None
         return ran
 
@@ -268,7 +260,7 @@ class Case:
         """``found``, each saying whose it is where the backend has a witness (``Backend.witness``: for a
         runtime of .pte files, executorch.runtime on the same .pte), run through the same calls and schedule:
         the same values are the lowering's (or upstream's), eager's values the runtime's own."""
-        from pytest_ptn.check.wrong_values import witnessed
+        from pytest_ptn.check.witness import witnessed
 
         lowered = self.lowered()
         witness = None if isinstance(lowered, Exception) else self.backend.witness(lowered)
@@ -298,8 +290,9 @@ class Case:
         fresh exports, runs, the methods alone and replays only where a wrong value needs them."""
         from pytest_ptn.backend import Capability
         from pytest_ptn.check.wrong_values import Subject
+        from pytest_ptn.programs.quantized import QuantizedProgram
 
-        lowered = self.lowered()
+        lowered, program, tolerance = self.lowered(), self.program, self.comparison.tolerance
         return Subject(
             spec=self.catalogue_spec,
             comparison=self.comparison,
@@ -308,33 +301,31 @@ class Case:
             exports=self.program.export,
             rerun=lambda calls, schedule, state: self.run_calls(self.load(), calls, schedule, state),
             alone=lambda calls: self.alone().run([(c.method, c.inputs) for c in calls]),
-            replays=lambda calls, earlier: self.replays(calls, earlier),
+            replays=self.replays.of,
             shown=self.earlier.shown if self.earlier is not None else None,
-            read_elsewhere=self._read_elsewhere,
+            read_elsewhere=(
+                (lambda call, have, calls: program.read_elsewhere(call, have, tolerance, calls))
+                if isinstance(program, QuantizedProgram)
+                else None
+            ),
         )
 
-    def replays(self, calls: list[EagerCall] | None = None, earlier: bool = True) -> Replays:
-        """The faulty-binding replays of ``calls`` (by default the case's sequence), made once for every test
-        of the case that runs them (check.explain.faulty_replays), and, unless ``earlier`` is False, those
-        bound to what earlier programs held (``self.earlier``); none for a quantized program, whose own
-        ``_read_elsewhere`` says whose constant it read."""
-        from pytest_ptn.check.alone import identity
-        from pytest_ptn.check.explain import faulty_replays
+    @cached_property
+    def replays(self) -> ProgramReplays:
+        """The faulty-binding replays of this case's program, made once for every test of the case that
+        runs them, and those bound to what earlier programs held (``self.earlier``)."""
+        from pytest_ptn.check.replayed import ProgramReplays
         from pytest_ptn.programs.quantized import QuantizedProgram
 
-        if isinstance(self.program, QuantizedProgram):
-            return []
-        sequence = [(c.method, c.inputs) for c in (calls if calls is not None else self.eager())]
-        key = (self.scenario.name, *((m, *map(identity, args)) for m, args in sequence))
-        replays = self._cache.replays
-        if key not in replays:
-            replays[key] = faulty_replays(self.program.export(), set(self.program.state_fqns()), sequence)
-        if self.earlier is None or not earlier:
-            return replays[key]
-        if key not in self._earlier_replays:
-            mutable = set(self.program.state_fqns())
-            self._earlier_replays[key] = self.earlier.replays(self.program.export(), mutable, sequence)
-        return replays[key] + self._earlier_replays[key]
+        program = self.program
+        return ProgramReplays(
+            self.scenario.name,
+            program.export,
+            lambda: set(program.state_fqns()),
+            self._cache.replays,
+            self.earlier,
+            bindable=not isinstance(program, QuantizedProgram),
+        )
 
     def accuracy(self) -> list[Mismatch]:
         """A1: where the program's results differ from eager's, how each method alone differs from eager
@@ -374,35 +365,11 @@ class Case:
             return Found(tuple(self.found), whose)
         said = raised(Step.RUNNING, error)
         if self.raised_at is not None:
-            replay = self.raising(said, self.program.method_names)
+            names = self.program.method_names
+            replay = self.replays.raising(said, self.eager(), self.raised_at, names)
             if replay is not None:
                 return Found(replay.mechanisms, whose)
         return Found((said,), whose)
-
-    def raising(self, error: Mechanism, names: Sequence[str]) -> Replay | None:
-        """The faulty binding that makes the program raise ``error`` (its mechanism) at the call the backend
-        raised at (check.explain.explaining_error; ``names``: the program's method names): the program's own
-        replays first, what earlier programs held only where those raise nothing alike or bind by metadata
-        alone; a tie goes to the kind earlier programs showed most."""
-        from pytest_ptn.check.explain import explaining_error
-
-        shown = self.earlier.shown if self.earlier is not None else None
-        replay = explaining_error(self.replays(earlier=False), error, self.raised_at, names, shown)
-        if self.earlier is not None and (replay is None or replay.weak):
-            replay = explaining_error(self.replays(), error, self.raised_at, names, shown)
-        return replay
-
-    def _read_elsewhere(self, call: int, have: torch.Tensor, calls: list[EagerCall]) -> str:
-        """For a quantized program: whose same-named quantized constant (``_frozen_param0``) the output is
-        what reading gives ("method 'prefill''s '_frozen_param0'"; "" when none explains it, or the program
-        is not quantized)."""
-        from pytest_ptn.programs.quantized import QuantizedProgram
-
-        program = self.program
-        if not isinstance(program, QuantizedProgram):
-            return ""
-        found = program.read_elsewhere(call, have, self.tolerance, calls)
-        return "".join(f"method {method!r}'s {key!r}" for method, key in found[:1])
 
 
 def fail_on(mismatches: list[Mismatch], what: str) -> None:

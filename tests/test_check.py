@@ -100,6 +100,19 @@ def test_a_name_sharing_loader_is_found_with_numbers_and_whose_constant_it_read(
         "it equals what method 'prefill''s 'lifted_tensor_0' would give"
     )
     assert any(f.rule in ("S2", "S3") and f.stage == Stage.STORAGE for f in findings), findings
+    # a second copy's wrong values are explained as the first's are (one judge for every copy)
+    second = [f for f in findings if "a second copy" in f.detail]
+    assert second and all(f.explanation for f in second), [str(f) for f in second]
+
+
+def test_a_value_the_method_alone_gives_too_is_accuracy_alone() -> None:
+    """A cache keyed on metadata alone dedupes a method's own two same-shaped tensors, so the method lowered
+    alone gives the same wrong value: A1 (and S2 from the storage view), never E1 as well, whatever replay
+    gives the value (``lookalike``, which one method alone can show)."""
+    findings = check_program(PrefillDecode(), METHODS, CALLS, backend=MetadataOnly())
+    rules = {f.rule for f in findings if f.call is not None}
+    assert rules == {"A1"}, [str(f) for f in findings]
+    assert "S2" in {f.rule for f in findings}, [str(f) for f in findings]
 
 
 @pytest.mark.parametrize(

@@ -212,6 +212,9 @@ def test_check_program_reads_the_same_memory_plan(tmp_path: Path) -> None:
     found = check_program(program.modules(), inputs, backend=pte.PteBackend(), workdir=tmp_path)
     keys = {m.key for f in found if f.rule == "E1" for m in f.mechanisms}
     assert keys == {"shared-arena:state"}, [str(f) for f in found]
+    # and, as a scenario test's failure does, what the method's own calls give with no other method's
+    # (check.own_calls): the other method made the value what it is
+    assert any("with no other method's calls" in f.detail for f in found), [str(f) for f in found]
 
 
 @pytest.mark.usefixtures("executorch")

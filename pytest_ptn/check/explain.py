@@ -7,7 +7,6 @@ replay binding it does, so one bug is one mechanism whether it shows as a value 
 from __future__ import annotations
 
 import copy
-import dataclasses
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -16,61 +15,15 @@ from typing import NamedTuple
 import torch
 
 from pytest_ptn.check.execution import Call, flat
-from pytest_ptn.check.findings import Difference, Finding, Stage
+from pytest_ptn.check.findings import Difference
 from pytest_ptn.instruments.content import digest, same_content, tensor_bytes
 from pytest_ptn.mechanisms import TRAITS, Kind, Mechanism, Role, without_names
-from pytest_ptn.programs.exported import constants_of, mutable_keys
-from pytest_ptn.programs.source import UserProgram, exported_eager, find_tensor, set_tensor
+from pytest_ptn.programs.exported import constants_of
+from pytest_ptn.programs.source import exported_eager, find_tensor, set_tensor
 from pytest_ptn.reference.planner import ConstantUse
 from pytest_ptn.schedule import LoadSchedule
 
 Modules = dict[str, torch.nn.Module]
-
-
-def explain(
-    findings: list[Finding],
-    returned: list[list[torch.Tensor]],
-    program: UserProgram,
-    sequence: Sequence[Call],
-    schedule: LoadSchedule | None = None,
-    late_only: Collection[int] = (),
-    eager: Callable[[], Sequence[Sequence[torch.Tensor]]] | None = None,
-) -> list[Finding]:
-    """``findings``, each wrong call output, and each call that raised, that faulty bindings account for
-    saying so (``explanations``: run with methods loaded as ``schedule`` says, whose faults of loading
-    account for the calls of ``late_only``; with eager's outputs, asked of ``eager`` only where an output
-    is wrong, each wrong element may be another binding's)."""
-    wrong: dict[int, str] = {
-        f.call: f.method
-        for f in findings
-        if f.rule == "E1"
-        and f.stage == Stage.COMPARE
-        and f.call is not None
-        and f.method is not None
-        and f.call < len(returned)
-    }
-    errors = [f for f in findings if f.stage == Stage.RUN and f.mechanisms]
-    if not wrong and not errors:
-        return findings
-    replays = faulty_replays(program.export(), mutable_keys(program.inspected()), sequence)
-    explained = explanations(
-        replays, returned, wrong, schedule, late_only, eager() if eager and wrong else None
-    )
-    names = list(program.methods)
-    out = []
-    for f in findings:
-        found = (
-            explained.get(f.call, ())
-            if f.rule == "E1" and f.stage == Stage.COMPARE and f.call is not None
-            else ()
-        )
-        if f in errors:
-            raising = explaining_error(replays, f.mechanisms[0], f.call, names)
-            found = (raising,) if raising is not None else ()
-        if found:
-            f = dataclasses.replace(f, explanation=label_of(found), mechanisms=mechanisms_of(found))
-        out.append(f)
-    return out
 
 
 class Replay(NamedTuple):

@@ -1,18 +1,21 @@
-"""The judging of one lowered program, as check_program does it: each call against eager, a value that
-differs set beside the method alone (isolation or arithmetic), faulty-binding explanations, then the copies
-(a second one loaded after the first ran, one loaded at first call) and the package and storage views the
-backend's capabilities open. ``pytest_ptn.check`` is the face (check_program); this is the work behind it.
+"""The judging of one lowered program, as check_program does it: each copy's calls judged by the pipeline the
+scenario tests and the fuzz use (check.wrong_values: the values that differ from eager, the evidence of how
+each came about, what the method alone gives), worded as findings; the copies are the first one loaded up
+front (its accuracy too), a second one loaded after the first ran, and one loaded at first call; then the
+package and storage views the backend's capabilities open. ``pytest_ptn.check`` is the face (check_program);
+this is the work behind it.
 """
 
 from __future__ import annotations
 
-import copy
+import contextlib
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pytest_ptn.backend import Backend, Capability, Loaded, Lowered, one_line
 from pytest_ptn.check.findings import Difference, Finding, Stage
+from pytest_ptn.mechanisms import Kind, Step, raised
 from pytest_ptn.programs.source import UserProgram
 from pytest_ptn.reference.planner import StateConflictError
 from pytest_ptn.schedule import LoadSchedule
@@ -20,9 +23,10 @@ from pytest_ptn.schedule import LoadSchedule
 if TYPE_CHECKING:
     import torch
 
-    from pytest_ptn.check.alone import CallAlone
-    from pytest_ptn.check.execution import Compared
-    from pytest_ptn.mechanisms import Mechanism
+    from pytest_ptn.backend import EagerCall
+    from pytest_ptn.check.alone import CallAlone, MethodsAlone
+    from pytest_ptn.check.values import Deviation, Mismatch, Ran
+    from pytest_ptn.check.wrong_values import Subject, Wrong
 
 ACCURACY = "A1"
 """The rule a deviation from eager that the method shows alone too is reported under."""
@@ -30,11 +34,8 @@ ACCURACY = "A1"
 
 def judged(backend: Backend, program: UserProgram, sequence: list, workdir: Path) -> list[Finding]:
     """Every finding of ``program`` on ``backend``: lowered, loaded and run as the module docstring says."""
-    from pytest_ptn.check.explain import explain
     from pytest_ptn.check.package import package_findings
     from pytest_ptn.check.storage import concurrent_partition, partition, storage_findings, topology
-    from pytest_ptn.mechanisms import isolation_only
-    from pytest_ptn.programs.exported import constants_of, mutable_keys
 
     if program.conflict is not None:
         return rejection(backend, program, program.conflict, workdir)
@@ -47,28 +48,13 @@ def judged(backend: Backend, program: UserProgram, sequence: list, workdir: Path
     except Exception as e:
         return [Finding("E2", Stage.LOAD, f"loading failed: {one_line(e)}")]
     inspected = program.inspected()
-    state_rules = None
-    if Capability.STATE in backend.capabilities:
-        users = {
-            k: [m for m, ep in inspected.items() if k in constants_of(ep)] for k in mutable_keys(inspected)
-        }
-        state_rules = {k: "E3" if len(methods) > 1 else "E4" for k, methods in users.items()}
     judge = Judge(backend, program, sequence, workdir, lowered)
-    findings, returned, differing = judge.run(loaded, state_rules)
+    findings = judge.copy(loaded, accuracy=True)
     if any(f.stage == Stage.LOAD for f in findings):
         return findings
-    findings = explain(findings, returned, program, sequence, eager=judge.eager_outputs)
-    findings = in_planned_memory(findings, lowered, sequence)
-    if Capability.PACKAGE in backend.capabilities:
-        findings = in_package(findings, lowered, program, sequence)
-    explained = {f.call for f in findings if any(isolation_only(m) for m in f.mechanisms)}
-    findings, accuracy = judge.isolation_and_accuracy(findings, differing, explained)
-    findings += accuracy
     failed = {f.call for f in findings if f.rule != ACCURACY}
-    second = load_reversed(backend.load(lowered), program)
-    copies = second_copy(judge, second, state_rules, failed)
-    copies += loaded_at_first_call(judge, backend.load(lowered), state_rules, failed, returned)
-    findings += explain(copies, [], program, sequence)  # the calls that raised there
+    findings += second_copy(judge, load_reversed(backend.load(lowered), program), failed)
+    findings += loaded_at_first_call(judge, backend.load(lowered), failed)
     if Capability.PACKAGE in backend.capabilities:
         findings += package_findings(lowered.package(), inspected)
     if Capability.STORAGE in backend.capabilities:
@@ -91,199 +77,245 @@ def judged(backend: Backend, program: UserProgram, sequence: list, workdir: Path
     return findings
 
 
-def in_package(
-    findings: list[Finding], lowered: Lowered, program: UserProgram, sequence: list
-) -> list[Finding]:
-    """``findings``, each wrong value nothing else explains saying which tensor of its method the package
-    binds, by name, to another method's stored tensor of another dtype or shape (check.package)."""
-    from pytest_ptn.check.package import bound_elsewhere
-
-    wrong = [
-        (f.call, sequence[f.call][0], lambda key: True) for f in findings if _bare(f) and f.call is not None
-    ]
-    if not wrong:
-        return findings
-    stored = bound_elsewhere(lowered.package(), program.export(), wrong)
-    return _with(findings, stored)
-
-
-def _bare(f: Finding) -> bool:
-    """A wrong value of the call sequence nothing has explained yet."""
-    return f.rule == "E1" and f.stage == Stage.COMPARE and f.call is not None and not f.mechanisms
-
-
-def _with(findings: list[Finding], found: dict[int, tuple[Mechanism, ...]]) -> list[Finding]:
-    """``findings``, each bare one whose call ``found`` has mechanisms for saying them."""
-    return [
-        dataclasses.replace(
-            f, detail=f"{f.detail}; {'; '.join(m.detail for m in found[f.call])}", mechanisms=found[f.call]
-        )
-        if _bare(f) and f.call in found
-        else f
-        for f in findings
-    ]
-
-
-def in_planned_memory(findings: list[Finding], lowered: Lowered, sequence: list) -> list[Finding]:
-    """``findings``, each wrong value no replay explains saying which state of its method the lowered
-    program's own memory plan puts where a method that ran before it keeps tensors (check.memory_plan):
-    what that method left there is what the state reads (``shared-arena:state``)."""
-    from pytest_ptn.check.memory_plan import planned_together
-
-    wrong = [(f.call, lambda key: True) for f in findings if _bare(f) and f.call is not None]
-    if not wrong:
-        return findings
-    return _with(findings, planned_together(lowered.shared_memory(), [name for name, _ in sequence], wrong))
-
-
 class Judge:
-    """Runs the calls on a loaded copy and tells isolation from arithmetic: a value that differs from eager
-    is set beside what the backend computes for the method alone (pytest_ptn.check.alone), lowered at the
-    first such value; one the method alone gives too is no isolation finding, and where the method alone
-    differs from eager that is an accuracy finding (A1). Where the backend has a witness
-    (pytest_ptn.check.witness), each E1 finding says whose it is."""
+    """Runs the calls on a loaded copy and words what check.wrong_values finds of them as findings: E1 for
+    an output or input, E3 or E4 for a state other methods share or not (a backend with a state view), A1
+    for a method that differs from eager alone too; where the backend has a witness
+    (pytest_ptn.check.witness), each E1 and A1 finding says whose it is."""
 
     def __init__(
         self, backend: Backend, program: UserProgram, sequence: list, workdir: Path, lowered: Lowered
     ):
-        import torch
+        from pytest_ptn.check.replayed import ProgramReplays
+        from pytest_ptn.check.values import Comparison
+        from pytest_ptn.check.wrong_values import WrongValues
+        from pytest_ptn.programs.exported import constants_of, mutable_keys
+        from pytest_ptn.programs.user import eager_calls, widen
 
-        reduced = backend.float32_computed_in()
         self.backend = backend
         self.lowered = lowered
         self.program = program
         self.sequence = sequence
         self.workdir = workdir
-        self.computed_in = getattr(torch, reduced.dtype) if reduced is not None else None
-        self.precision = reduced.why if reduced is not None else None
-        self._alone: list[CallAlone] | str | None = None
-        self._suspects: dict[str, str] | None = None
-        self._eager_outputs: list[list[torch.Tensor]] | None = None
+        self.comparison = Comparison(None, backend.float32_computed_in())
+        inspected = program.inspected()
+        self.state_rules: dict[str, str] | None = None
+        """Each state's rule (E3: methods share it, E4: one method's), where the backend has a state view."""
+        if Capability.STATE in backend.capabilities:
+            constants = [constants_of(ep) for ep in inspected.values()]
+            shared = {k: sum(k in c for c in constants) for k in mutable_keys(inspected)}
+            self.state_rules = {k: "E3" if count > 1 else "E4" for k, count in shared.items()}
+        self.calls: list[EagerCall] = eager_calls(program, sequence)
+        self.unwidened = ""
+        """Why eager's float64 rerun of a reduced-precision program raised: compared with the dtype's bound
+        alone (stricter), each wrong value says so."""
+        if program.reduced_precision:
+            try:
+                widen(program, sequence, self.calls)
+            except Exception as e:
+                self.unwidened = f" (bound of the dtype alone: eager's float64 rerun raised {one_line(e)})"
+        self.replays = ProgramReplays("program", program.export, lambda: mutable_keys(inspected), {}, None)
+        """The faulty-binding replays of the program (check.replayed)."""
+        self.wrong = WrongValues(self._subject())
+        self._methods_alone: MethodsAlone | None = None
 
-    def run(
+    def copy(
         self,
         loaded: Loaded,
-        state_rules: dict[str, str] | None,
         schedule: LoadSchedule = LoadSchedule.UP_FRONT,
         reversed_first: bool = False,
-    ) -> tuple[list[Finding], list[list[Any]], list[Compared]]:
-        """One copy's calls: its findings against eager, what each call returned, each differing value.
-        ``reversed_first``: the copy's methods were loaded in reverse order before the calls, as the
-        witness's then are."""
-        from pytest_ptn.check.execution import run_calls
-        from pytest_ptn.check.witness import ATTRIBUTED, attributed
+        accuracy: bool = False,
+    ) -> list[Finding]:
+        """One copy's findings: its methods loaded as ``schedule`` says, its state view at load (E5) and
+        after each call, each call that differs from eager and from its method alone, the call that raised,
+        and where ``accuracy``, each method that differs from eager alone too (A1). ``reversed_first``: the
+        copy's methods were loaded in reverse order before the calls, as the witness's then are."""
+        from pytest_ptn.check.alone import AloneUnavailable
 
-        eager, wide = self.program.eager(), self.program.wide_eager()
-        findings, returned, differing = run_calls(
-            loaded, eager, self.sequence, state_rules, wide, schedule, self.computed_in
+        findings, ran, error = self._run(loaded, schedule)
+        if any(f.stage == Stage.LOAD for f in findings):
+            return findings
+        calls = self.calls[: len(ran)]
+        wrong, mismatches = self.wrong.judged(calls, ran, schedule)
+        said = sorted(
+            [*map(self._unlike, mismatches), *map(self._isolation, wrong)], key=lambda f: f.call or 0
         )
-        if not any(f.rule == ATTRIBUTED and f.call is not None for f in findings):
-            return findings, returned, differing
-        witness = self.backend.witness(self.lowered)
+        findings += said
+        if error is not None:
+            findings.append(self._raised(error, len(ran)))
+        if accuracy:  # where no method alone can be had, the isolation findings say so
+            with contextlib.suppress(AloneUnavailable):
+                findings += map(self._inaccurate, self.wrong.inaccurate(calls, ran))
+        return self._witnessed(findings, ran, error, schedule, reversed_first)
+
+    def _run(
+        self, loaded: Loaded, schedule: LoadSchedule
+    ) -> tuple[list[Finding], list[Ran], Exception | None]:
+        """The findings at load (E2 where a method does not load, else E5), what each call gave, and what
+        the call after them raised (None: none did)."""
+        from pytest_ptn.check.execution import run
+
+        loads = schedule.loads(list(self.program.methods), [c.method for c in self.calls])
+        try:
+            for method in loads[0]:
+                loaded.load_method(method)
+        except Exception as e:
+            return [Finding("E2", Stage.LOAD, f"loading failed: {one_line(e)}")], [], None
+        findings = self._at_load(loaded) if self.state_rules is not None else []
+        ran: list[Ran] = []
+        try:
+            run(loaded, self.calls, [(), *loads[1:]], self.state_rules is not None, ran)
+        except Exception as e:
+            return findings, ran, e
+        return findings, ran, None
+
+    def _at_load(self, loaded: Loaded) -> list[Finding]:
+        """E5: each buffer of the state view, as loaded, is eager's (nothing computed it yet)."""
+        from pytest_ptn.programs.source import find_tensor
+
+        state, eager = loaded.state(), self.program.eager()
+        findings = []
+        for key in self.state_rules or {}:
+            want, have, what = find_tensor(eager, key), state.get(key), f"buffer {key!r} at load"
+            if want is None:
+                continue
+            if have is None:
+                findings.append(Finding("E5", Stage.COMPARE, f"{what} is missing"))
+            elif have.shape != want.shape:
+                shapes = f"has shape {tuple(have.shape)}, eager {tuple(want.shape)}"
+                findings.append(Finding("E5", Stage.COMPARE, f"{what} {shapes}"))
+            elif (difference := Difference.between(have, want)) is not None:
+                findings.append(Finding("E5", Stage.COMPARE, what, difference=difference))
+        return findings
+
+    def _rule(self, buffer: str | None) -> str:
+        """The rule a wrong value is under: its state's (E3, E4), or E1 for an output or input."""
+        return (self.state_rules or {}).get(buffer, "E1") if buffer is not None else "E1"
+
+    def _isolation(self, w: Wrong) -> Finding:
+        d = w.deviation
+        detail, difference = self._value(d, d.have)
+        buffer = d.where if d.kind == "buffer" else None
+        return Finding(
+            self._rule(buffer if isinstance(buffer, str) else None),
+            Stage.COMPARE,
+            detail + "".join(w.notes),
+            w.method,
+            d.call,
+            difference,
+            w.label or None,
+            w.mechanisms,
+        )
+
+    def _inaccurate(self, w: Wrong) -> Finding:
+        assert w.truth is not None
+        detail, difference = self._value(w.deviation, w.truth)
+        detail += "".join(w.notes)
+        return Finding(ACCURACY, Stage.COMPARE, detail, w.method, w.deviation.call, difference)
+
+    def _value(self, d: Deviation, value: torch.Tensor) -> tuple[str, Difference | None]:
+        """What of the call ``d`` is, and how far ``value`` of it is from eager's."""
+        what = {
+            "output": f"output {d.where}",
+            "input": f"input {d.where} after the call",
+            "buffer": f"buffer {d.where!r} after the call",
+        }[d.kind]
+        if value.shape != d.want.shape:
+            return f"{what} has shape {tuple(value.shape)}, eager {tuple(d.want.shape)}", None
+        computed_in = self.comparison.computed_in(d.want)
+        difference = Difference.between(value, d.want, d.wide, self.comparison.tolerance, computed_in)
+        return what + self.unwidened, difference
+
+    def _unlike(self, m: Mismatch) -> Finding:
+        """A mismatch no truth excuses (another number of outputs, a buffer the state view lacks)."""
+        how = tuple(found for found in m.mechanisms if found.kind is not Kind.UNEXPLAINED)
+        return Finding(self._rule(m.buffer), Stage.COMPARE, m.detail, m.method, m.call, mechanisms=how)
+
+    def _raised(self, error: Exception, call: int) -> Finding:
+        """The call that raised, with the faulty binding that makes the program raise the same where one
+        does (check.explain.explaining_error), else the exception's own mechanism."""
+        names = list(self.program.methods)
+        said = raised(Step.RUNNING, error, names)
+        replay = self.replays.raising(said, self.calls, call, names)
+        return Finding(
+            "E1",
+            Stage.RUN,
+            f"the call raised {one_line(error)}",
+            self.calls[call].method,
+            call,
+            explanation=replay.label if replay is not None else None,
+            mechanisms=replay.mechanisms if replay is not None else (said,),
+        )
+
+    def _witnessed(
+        self,
+        findings: list[Finding],
+        ran: list[Ran],
+        error: Exception | None,
+        schedule: LoadSchedule,
+        reversed_first: bool,
+    ) -> list[Finding]:
+        """``findings``, each E1 and A1 one of a call saying whose it is (check.witness.testimony), from
+        the witness's run of the same calls, its methods loaded as the copy's were."""
+        from pytest_ptn.check.execution import run
+        from pytest_ptn.check.witness import testimony
+
+        told = [f for f in findings if f.rule in ("E1", ACCURACY) and f.call is not None]
+        witness = self.backend.witness(self.lowered) if told else None
         if witness is None:
-            return findings, returned, differing
+            return findings
         theirs = load_reversed(witness.loaded, self.program) if reversed_first else witness.loaded
-        eager, wide = self.program.eager(), self.program.wide_eager()  # fresh: the calls wrote their state
-        their_findings, _, their_differing = run_calls(
-            theirs, eager, self.sequence, None, wide, schedule, self.computed_in
-        )
-        findings, differing = attributed(witness, findings, differing, their_findings, their_differing)
-        return findings, returned, differing
+        loads = schedule.loads(list(self.program.methods), [c.method for c in self.calls])
+        seen: list[Ran] = []
+        stopped: Exception | None = None
+        try:
+            run(theirs, self.calls, loads, False, seen)
+        except Exception as e:
+            stopped = e
 
-    def isolation_and_accuracy(
-        self, findings: list[Finding], differing: list[Compared], explained: set[int | None] | None = None
-    ) -> tuple[list[Finding], list[Finding]]:
-        """(the isolation findings, the accuracy findings) of one copy's run. A call whose wrong output one
-        faulty binding explains (``explained``: another method's tensor, a private copy of state) is an
-        isolation finding whatever the method alone gives: a cache that outlives a program (the CUDA
-        delegate's is process-wide, by name) hands the method alone the same wrong tensor."""
-        import torch
+        def says(call: int) -> str:
+            ours = ran[call] if call < len(ran) else error
+            their = seen[call] if call < len(seen) else stopped
+            assert ours is not None and their is not None
+            return testimony(witness, ours, their, self.calls[call], self.comparison)[0]
 
-        from pytest_ptn.instruments.comparison import equal
-
-        if not differing:
-            return findings, []
-        alone = self.alone()
-        if isinstance(alone, str):
-            noted = {id(c.finding) for c in differing}
-            judged = [
-                dataclasses.replace(f, detail=f"{f.detail} (judged against eager: {alone})")
-                if id(f) in noted
-                else f
-                for f in findings
-            ]
-            return judged, []
-        suspect = self.suspects(alone)
-        arithmetic: set[int] = set()
-        suspected: dict[int, str] = {}
-        accuracy = []
-        for c in differing:
-            call = c.finding.call
-            if call in (explained or set()):
-                continue
-            truth = c.of(alone[call]) if call is not None and call < len(alone) else None
-            if not isinstance(truth, torch.Tensor):
-                continue
-            computed_in = self.computed_in if c.want.dtype == torch.float32 else None
-            if equal(c.have, truth, c.wide, None, computed_in, eager=c.want):
-                why = suspect.get(c.finding.method or "")
-                if why is None:
-                    arithmetic.add(id(c.finding))
-                else:  # never excused: an isolation finding that says why, and an accuracy one too
-                    suspected[id(c.finding)] = why
-                difference = Difference.between(truth, c.want, c.wide, computed_in=computed_in)
-                if difference is not None:
-                    said = f" ({self.precision})" if computed_in is not None else ""
-                    said += f"; {why}" if why is not None else ""
-                    accuracy.append(
-                        Finding(
-                            ACCURACY,
-                            Stage.COMPARE,
-                            c.finding.detail + said,
-                            c.finding.method,
-                            call,
-                            difference,
-                            whose=c.finding.whose,
-                        )
-                    )
-        kept = [
-            dataclasses.replace(f, detail=f"{f.detail}; {suspected[id(f)]}") if id(f) in suspected else f
+        return [
+            dataclasses.replace(f, whose=says(f.call)) if f in told and f.call is not None else f
             for f in findings
-            if id(f) not in arithmetic
         ]
-        return kept, accuracy
 
-    def suspects(self, alone: list[CallAlone]) -> dict[str, str]:
-        """The methods whose alone run is suspect (pytest_ptn.check.alone.suspects): asked by every copy's
-        run, computed once, as the alone run is."""
-        from pytest_ptn.check.alone import suspects
+    def _subject(self) -> Subject:
+        """What check.wrong_values reads of this program: no catalogue spec, and the ways to get fresh
+        exports, runs, the methods alone and replays only where a wrong value needs them."""
+        from pytest_ptn.check.wrong_values import Subject
 
-        if self._suspects is None:
-            eager = self.eager_outputs()
-            named = [(name, out) for (name, _), out in zip(self.sequence, eager, strict=True)]
-            self._suspects = suspects(alone, named)
-        return self._suspects
+        return Subject(
+            spec=None,
+            comparison=self.comparison,
+            lowered=self.lowered,
+            packaged=Capability.PACKAGE in self.backend.capabilities,
+            exports=self.program.export,
+            rerun=self._rerun,
+            alone=self.alone,
+            replays=self.replays.of,
+            shown=None,
+            read_elsewhere=None,
+        )
 
-    def eager_outputs(self) -> list[list[torch.Tensor]]:
-        """What eager gives on each call of the sequence, its outputs flat: computed once."""
-        from pytest_ptn.check.execution import flat
+    def _rerun(self, calls: list[EagerCall], schedule: LoadSchedule, state: bool) -> list[Ran]:
+        """A fresh load's run of ``calls``, methods loaded as ``schedule`` says."""
+        from pytest_ptn.check.execution import run
 
-        if self._eager_outputs is None:
-            modules = self.program.eager()
-            self._eager_outputs = [flat(modules[name](*copy.deepcopy(args))) for name, args in self.sequence]
-        return self._eager_outputs
+        loads = schedule.loads(list(self.program.methods), [c.method for c in calls])
+        return run(self.backend.load(self.lowered), calls, loads, state, [])
 
-    def isolation(self, findings: list[Finding], differing: list[Compared]) -> list[Finding]:
-        """The isolation findings of another copy's run (its accuracy is the first copy's)."""
-        return self.isolation_and_accuracy(findings, differing)[0]
-
-    def alone(self) -> list[CallAlone] | str:
+    def alone(self, calls: list[EagerCall]) -> list[CallAlone]:
         """What each call gives with its method alone, on a new instance of the backend's class in a fresh
-        process of its own (pytest_ptn.check.alone), or why that cannot be had."""
-        from pytest_ptn.check.alone import AloneUnavailable, MethodsAlone
+        process of its own (pytest_ptn.check.alone); AloneUnavailable where that cannot be had."""
+        from pytest_ptn.check.alone import MethodsAlone
         from pytest_ptn.programs.exported import constants_of, functionalize, mutable_keys
 
-        if self._alone is None:
+        if self._methods_alone is None:
             inspected = self.program.inspected()
             mutable = mutable_keys(inspected)
             initial = {
@@ -292,39 +324,22 @@ class Judge:
                 for k, use in constants_of(ep).items()
                 if k in mutable
             }
-
             program, workdir = self.program, self.workdir
-            methods = MethodsAlone(
+            self._methods_alone = MethodsAlone(
                 self.backend, lambda: functionalize(program.export()), initial, lambda name: workdir
             )
-            try:
-                self._alone = methods.run(self.sequence)
-            except AloneUnavailable as e:
-                self._alone = f"no truth of the method alone: {e}"
-        return self._alone
+        return self._methods_alone.run([(c.method, c.inputs) for c in calls])
 
 
-def loaded_at_first_call(
-    judge: Judge,
-    loaded: Loaded,
-    state_rules: dict[str, str] | None,
-    failed: set[int | None],
-    up_front: list[list[Any]],
-) -> list[Finding]:
+def loaded_at_first_call(judge: Judge, loaded: Loaded, failed: set[int | None]) -> list[Finding]:
     """A copy whose methods load at their first call, after the others ran (as
     ``executorch.extension.module.Module`` loads them): its calls match the methods alone where the up-front
-    copy's did. A wrong output that the up-front copy (``up_front``: what each of its calls returned) did
-    not give is loading's: the replays of that load schedule may name it (``reinitialised:state``), as they
-    do in the scenario tests and the fuzz (check.own_calls.late_only)."""
-    from pytest_ptn.check.explain import explain
-    from pytest_ptn.check.values import differing_calls
-
+    copy's did. A wrong output that every method loaded up front does not give is loading's: the replays of
+    that load schedule may name it (``reinitialised:state``), as they do in the scenario tests and the fuzz
+    (check.own_calls.late_only)."""
     schedule = LoadSchedule.AT_FIRST_CALL
-    findings, returned, differing = judge.run(loaded, state_rules, schedule)
-    kept = [f for f in judge.isolation(findings, differing) if f.call not in failed and f.rule != "E5"]
-    late = differing_calls(returned, up_front)
-    kept = explain(kept, returned, judge.program, judge.sequence, schedule, late, judge.eager_outputs)
-    said = schedule.describe([name for name, _ in judge.sequence])
+    kept = [f for f in judge.copy(loaded, schedule) if f.call not in failed and f.rule != "E5"]
+    said = schedule.describe([c.method for c in judge.calls])
     return [dataclasses.replace(f, detail=f"{said}: {f.detail}") for f in kept]
 
 
@@ -354,16 +369,13 @@ def load_reversed(loaded: Loaded, program: UserProgram) -> Loaded:
     return loaded
 
 
-def second_copy(
-    judge: Judge, second: Loaded, state_rules: dict[str, str] | None, failed: set[int | None]
-) -> list[Finding]:
+def second_copy(judge: Judge, second: Loaded, failed: set[int | None]) -> list[Finding]:
     """A copy loaded after the first one ran, methods in reverse order: it starts from eager's initial state
     (E4: copies share no state), and its calls match the methods alone where the first copy's did (E1)."""
-    findings, _, differing = judge.run(second, state_rules, reversed_first=True)
     return [
         dataclasses.replace(f, rule="E4", detail=f"a second loaded copy: {f.detail}")
         if f.rule == "E5"
         else dataclasses.replace(f, detail=f"a second copy, methods loaded in reverse order: {f.detail}")
-        for f in judge.isolation(findings, differing)
+        for f in judge.copy(second, reversed_first=True)
         if f.call not in failed and f.rule in ("E1", "E5")
     ]

@@ -32,6 +32,8 @@ class Mismatch:
     mechanisms: tuple[Mechanism, ...] = ()
     """How the wrong value came about (pytest_ptn.mechanisms), as the checks found it; none found, it is
     unexplained at its call (the causes group tests by where nothing explains a value)."""
+    buffer: str | None = None
+    """The state it is about, for a buffer the state view lacks."""
 
     def __post_init__(self) -> None:
         if not self.mechanisms:
@@ -109,6 +111,8 @@ class Comparison:
     def deviations(self, calls: list[EagerCall], ran: list[Ran]) -> tuple[list[Deviation], list[Mismatch]]:
         """Every value that differs from eager's, and the mismatches no truth can excuse (a missing output or
         buffer, another number of outputs)."""
+        import torch
+
         deviations, mismatches = [], []
         for i, (call, got) in enumerate(zip(calls, ran, strict=True)):
             if len(got.outputs) != len(call.outputs):
@@ -126,12 +130,13 @@ class Comparison:
                 for key, want in call.state_after.items():
                     have = got.state.get(key)
                     if have is None:
-                        mismatches.append(
-                            Mismatch(i, call.method, f"buffer {key!r} is missing from the state")
-                        )
+                        missing = f"buffer {key!r} is missing from the state"
+                        mismatches.append(Mismatch(i, call.method, missing, buffer=key))
                     else:
                         values.append(("buffer", key, have, want, call.widened(key)))
             for kind, where, have, want, wide in values:
+                if not isinstance(want, torch.Tensor):
+                    continue  # an input no call can change (an int given as it is)
                 deviation = Deviation(i, kind, where, have, want, wide)
                 if not self.same_as_eager(deviation, have):
                     deviations.append(deviation)

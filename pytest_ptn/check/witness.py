@@ -1,5 +1,5 @@
-"""Whose each failure of check_program is, for a backend with a witness (``Backend.witness``: for a runtime of
-.pte files, executorch.runtime on the same .pte), as the conformance suite's failures say it.
+"""Whose a wrong call is, for a backend with a witness (``Backend.witness``: for a runtime of .pte files,
+executorch.runtime on the same .pte), as the scenario tests, the fuzz and check_program all say it.
 
 The witness loads the same artifact and runs the same calls, methods loaded as the backend's copy loaded
 them: a value it gives too is the lowering's (or upstream's), eager's value where the backend's differs is
@@ -9,59 +9,53 @@ the runtime's own.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from pytest_ptn.backend import Witness
-from pytest_ptn.check.execution import Compared
-from pytest_ptn.check.findings import Finding, Stage
-from pytest_ptn.instruments.comparison import equal
+from pytest_ptn.backend import one_line
 
-ATTRIBUTED = "E1"
-"""The rule whose findings the witness can speak to: the values each call gives (the witness is not asked
-for a state view)."""
+if TYPE_CHECKING:
+    from pytest_ptn.backend import EagerCall, Whose, Witness
+    from pytest_ptn.check.values import Comparison, Mismatch, Ran
 
 
-def attributed(
+def testimony(
+    witness: Witness, ours: Ran | Exception, theirs: Ran | Exception, call: EagerCall, comparison: Comparison
+) -> tuple[str, Whose | None]:
+    """What the witness's run of a call (``theirs``: what it gave, or what it raised at or before this call)
+    says of the backend's (``ours``: what it gave, or what it raised at this call), and whose that makes it
+    (None: the witness does not tell)."""
+    from pytest_ptn.check.values import same_outputs
+    from pytest_ptn.instruments.comparison import equal
+
+    if isinstance(theirs, Exception):
+        if not isinstance(ours, Exception):
+            return f"{witness.by} raised {one_line(theirs)}", None
+        same, eager = True, False  # it raised too
+    else:
+        bounds = call.output_bounds()
+        eager = len(theirs.outputs) == len(call.outputs) and all(
+            equal(t, e, b, comparison.tolerance, comparison.computed_in(e))
+            for t, e, b in zip(theirs.outputs, call.outputs, bounds, strict=True)
+        )
+        same = not isinstance(ours, Exception) and same_outputs(ours.outputs, theirs.outputs)
+    return witness.says(same, eager), witness.whose(same, eager)
+
+
+def witnessed(
     witness: Witness,
-    findings: list[Finding],
-    differing: list[Compared],
-    theirs: list[Finding],
-    their_differing: Sequence[Compared],
-) -> tuple[list[Finding], list[Compared]]:
-    """``findings`` and ``differing`` of the backend's run, each E1 finding saying whose it is (``whose``),
-    from the witness's run of the same calls (``theirs``, ``their_differing``)."""
-    values = {id(c.finding): c for c in differing}
-    their_values = {(c.finding.call, c.finding.detail): c for c in their_differing}
-    stopped = next((f for f in theirs if f.stage in (Stage.LOAD, Stage.RUN)), None)
-
-    def says(f: Finding) -> str:
-        assert f.call is not None
-        if stopped is not None and (stopped.call is None or stopped.call <= f.call):
-            if f.stage == Stage.RUN and stopped.call == f.call:
-                return witness.says(True, False)  # it raised too
-            return f"{witness.by}: {stopped.detail}"
-        at_call = [t.detail for t in theirs if t.call == f.call]
-        if f.stage == Stage.RUN:
-            return witness.says(False, not at_call)
-        mine, same_value = values.get(id(f)), their_values.get((f.call, f.detail))
-        if mine is not None and same_value is not None:
-            return witness.says(equal(mine.have, same_value.have), False)
-        if f.detail in at_call:
-            return witness.says(True, False)  # missing, or of the same other shape
-        return witness.says(False, not any(_of_one_value(f.detail, t) for t in at_call))
-
-    told = {
-        id(f): dataclasses.replace(f, whose=says(f))
-        for f in findings
-        if f.rule == ATTRIBUTED and f.call is not None
-    }
-    return (
-        [told.get(id(f), f) for f in findings],
-        [dataclasses.replace(c, finding=told.get(id(c.finding), c.finding)) for c in differing],
-    )
-
-
-def _of_one_value(detail: str, other: str) -> bool:
-    """Whether two findings of one call are about the same value (``output 0`` and ``output 0 has shape
-    (2,), eager (4,)``)."""
-    return detail == other or detail.startswith(f"{other} ") or other.startswith(f"{detail} ")
+    found: list[Mismatch],
+    calls: list[EagerCall],
+    ran: list[Ran],
+    seen: list[Ran] | Exception,
+    comparison: Comparison,
+) -> tuple[list[Mismatch], set[Whose]]:
+    """``found``, each saying what the witness gave on the same calls and schedule (``seen``, or what it
+    raised; ``testimony``), and whose they are, where the witness tells."""
+    out, whose = [], set()
+    for m in found:
+        theirs = seen if isinstance(seen, Exception) else seen[m.call]
+        said, who = testimony(witness, ran[m.call], theirs, calls[m.call], comparison)
+        out.append(dataclasses.replace(m, detail=f"{m.detail}; {said}"))
+        if who is not None:
+            whose.add(who)
+    return out, whose

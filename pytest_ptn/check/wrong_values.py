@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from pytest_ptn.check import reads
 from pytest_ptn.check.values import Comparison, Deviation, Mismatch, Ran, describe, fmt
@@ -21,7 +21,7 @@ from pytest_ptn.schedule import LoadSchedule
 if TYPE_CHECKING:
     import torch
 
-    from pytest_ptn.backend import EagerCall, Lowered, Whose, Witness
+    from pytest_ptn.backend import EagerCall, Lowered
     from pytest_ptn.check.alone import CallAlone
     from pytest_ptn.check.explain import Replay, Replays
     from pytest_ptn.check.own_calls import Rerun
@@ -49,9 +49,53 @@ class Subject:
     held."""
     shown: Mapping[Kind, int] | None
     """The kinds the process's earlier programs showed (check.earlier); None where none are recorded."""
-    read_elsewhere: Callable[[int, torch.Tensor, list[EagerCall]], str]
-    """For a quantized program: whose same-named quantized constant a call's output is what reading gives
-    ("method 'prefill''s '_frozen_param0'"; "" when none, or the program is not quantized)."""
+    read_elsewhere: Callable[[int, torch.Tensor, list[EagerCall]], list[tuple[str, str]]] | None
+    """For a quantized program: each (method, key) whose same-named quantized constant a call's output is
+    what reading gives (programs.quantized); None for a program that is not quantized."""
+
+
+class Evidence(NamedTuple):
+    """What the evidence says of a run's deviations, by call."""
+
+    words: list[str]
+    """Each deviation in words (``WrongValues._detail``)."""
+    labels: list[str]
+    """What the replay that gives each deviation gives (``Wrong.label``)."""
+    explained: dict[int, tuple[Mechanism, ...]]
+    """The calls a faulty binding's replay, or a by-name read, accounts for."""
+    planned: dict[int, tuple[Mechanism, ...]]
+    """The calls the memory plan puts where another method keeps tensors."""
+    own: dict[int, CallAlone]
+    """What a method's own calls give, where they give otherwise (check.own_calls)."""
+    stored: dict[int, tuple[Mechanism, ...]]
+    """The calls whose method the package binds by name to another method's tensor."""
+    forced: set[int]
+    """The calls that are isolation defects whatever the method alone gives."""
+
+
+@dataclass(frozen=True)
+class Wrong:
+    """One value of a run that is wrong, and what the evidence says of it: each front end words it its own
+    way (a scenario test's ``Mismatch``, check_program's ``Finding``)."""
+
+    deviation: Deviation
+    method: str
+    words: str
+    """The value in words: value by value where each reads one name, and whose tensor it read."""
+    label: str
+    """What the faulty binding that gives the same output gives ("what method 'prefill''s 'w' would give";
+    "" for none, or a value other than an output)."""
+    notes: tuple[str, ...]
+    """What else the evidence says, each with its separator: the method alone, the memory plan, the
+    package, the method's own calls."""
+    mechanisms: tuple[Mechanism, ...] = ()
+    truth: torch.Tensor | None = None
+    """What the method alone gives for the value, where it was asked."""
+
+    def mismatch(self) -> Mismatch:
+        said = f"; it equals {self.label}" if self.label else ""
+        detail = self.words + said + "".join(self.notes)
+        return Mismatch(self.deviation.call, self.method, detail, self.mechanisms)
 
 
 class WrongValues:
@@ -64,87 +108,119 @@ class WrongValues:
     def mismatches(
         self, calls: list[EagerCall], ran: list[Ran], schedule: LoadSchedule = LoadSchedule.UP_FRONT
     ) -> list[Mismatch]:
+        """``judged``'s findings as the lines a failure shows."""
+        wrong, mismatches = self.judged(calls, ran, schedule)
+        return sorted([*mismatches, *(w.mismatch() for w in wrong)], key=lambda m: m.call)
+
+    def judged(
+        self, calls: list[EagerCall], ran: list[Ran], schedule: LoadSchedule = LoadSchedule.UP_FRONT
+    ) -> tuple[list[Wrong], list[Mismatch]]:
         """Each output, mutated input and (where ``ran`` has it) buffer that differs from eager
         (pytest_ptn.instruments.comparison) and from what the method alone gives on this backend: an
-        isolation defect. A difference the method alone shows too is its arithmetic, accuracy's business
-        (``accuracy``), unless the method alone is itself far beyond the backend's accuracy on the other
-        methods (check.alone.suspects): then it stays an isolation defect, saying so. Where no method alone
-        can be had, the difference is reported against eager, saying so."""
+        isolation defect; and the mismatches no truth can excuse (check.values.Comparison.deviations). A
+        difference the method alone shows too is its arithmetic, accuracy's business (``accuracy``), unless
+        the method alone is itself far beyond the backend's accuracy on the other methods
+        (check.alone.suspects): then it stays an isolation defect, saying so. Where no method alone can be
+        had, the difference is reported against eager, saying so."""
         from pytest_ptn.check.alone import suspects
-        from pytest_ptn.check.own_calls import other_than_on_its_own
 
-        subject, comparison = self.subject, self.comparison
+        comparison = self.comparison
         deviations, mismatches = comparison.deviations(calls, ran)
         if not deviations:
-            return mismatches
-        details, explained = self._explained(deviations, calls, ran, schedule)
-        forced = {call for call, how in explained.items() if any(isolation_only(m) for m in how)}
-        planned = self._planned_together(calls, [d for d in deviations if d.call not in explained])
-        suspected = [d for d in deviations if d.call in planned]
-        own = other_than_on_its_own(subject.exports, calls, suspected, subject.rerun, comparison)
-        forced |= own.keys()
-        accounted = explained.keys() | planned.keys()
-        stored = self._stored_otherwise(calls, [d for d in deviations if d.call not in accounted])
-        forced |= stored.keys()
+            return [], mismatches
+        found = self._evidence(deviations, calls, ran, schedule)
+        words, labels, explained, planned, own, stored, forced = found
         unexplained = [d for d in deviations if d.call not in forced]
         alone, unavailable = self._alone(calls) if unexplained else (None, None)
         suspect = suspects(alone, [(c.method, c.outputs) for c in calls]) if alone is not None else {}
-        for d, detail in zip(deviations, details, strict=True):
+        wrong = []
+        for d, said, label in zip(deviations, words, labels, strict=True):
             truth = d.of(alone[d.call]) if alone is not None else None
             method = calls[d.call].method
+            notes = []
             if d.call not in forced and truth is not None and comparison.same(d, truth):
                 if method not in suspect:
                     continue  # the method alone computes it so: accuracy, not isolation
-                detail += f"; {suspect[method]}"
+                notes.append(f"; {suspect[method]}")
             elif truth is not None and not comparison.same_as_eager(d, truth):
-                detail += f"; alone, the method gives {fmt(truth)}"
+                notes.append(f"; alone, the method gives {fmt(truth)}")
             if unavailable is not None and d.call not in forced:
-                detail += f" (judged against eager: {unavailable})"
+                notes.append(f" (judged against eager: {unavailable})")
             how = explained.get(d.call) or planned.get(d.call) or stored.get(d.call) or ()
-            if d.call not in explained and (evidence := planned.get(d.call) or stored.get(d.call)):
-                detail += f"; {'; '.join(m.detail for m in evidence)}"
+            if d.call not in explained and (other := planned.get(d.call) or stored.get(d.call)):
+                notes.append(f"; {'; '.join(m.detail for m in other)}")
             if d.call not in explained and d.call in own and (value := d.of(own[d.call])) is not None:
-                detail += f"; with no other method's calls, this program's {d.what} is {fmt(value)}"
-            mismatches.append(Mismatch(d.call, calls[d.call].method, detail, how))
-        return sorted(mismatches, key=lambda m: m.call)
+                notes.append(f"; with no other method's calls, this program's {d.what} is {fmt(value)}")
+            wrong.append(Wrong(d, method, said, label, tuple(notes), how, truth))
+        return wrong, mismatches
 
     def accuracy(self, calls: list[EagerCall], ran: list[Ran]) -> list[Mismatch]:
-        """A1: where ``ran`` (every method loaded up front) differs from eager and no faulty binding explains
-        it, how each method alone differs from eager (max abs, max rel, SNR, and the precision the backend
-        declares it computes float32 in). Raises AloneUnavailable where no method alone can be had."""
-        import torch
-
-        from pytest_ptn.check.alone import suspects
+        """``inaccurate``'s findings as the lines a failure shows (max abs, max rel, SNR)."""
         from pytest_ptn.check.findings import Difference
 
-        comparison = self.comparison
-        deviations, _ = comparison.deviations(calls, ran)
-        if deviations:  # a value a faulty binding explains is isolation's, whatever the method alone gives
-            _, explained = self._explained(deviations, calls, ran, LoadSchedule.UP_FRONT)
-            forced = {call for call, how in explained.items() if any(isolation_only(m) for m in how)}
-            deviations = [d for d in deviations if d.call not in forced]
-        if not deviations:
-            return []
-        alone = self.subject.alone(calls)
-        reduced = comparison.reduced
-        suspect = suspects(alone, [(c.method, c.outputs) for c in calls])
-        mismatches = []
-        for d in deviations:
-            truth = d.of(alone[d.call])
-            if truth is None or comparison.same_as_eager(d, truth):
-                continue  # alone, the method agrees with eager: the program's difference is isolation's
+        comparison, mismatches = self.comparison, []
+        for w in self.inaccurate(calls, ran):
+            d, truth = w.deviation, w.truth
+            assert truth is not None
             if truth.shape != d.want.shape:
                 detail = f"{d.what} has shape {tuple(truth.shape)}, eager {tuple(d.want.shape)}"
             else:
                 computed_in = comparison.computed_in(d.want)
                 difference = Difference.between(truth, d.want, d.wide, comparison.tolerance, computed_in)
                 detail = f"{d.what}: {difference}"
-            if reduced is not None and d.want.dtype == torch.float32:
-                detail += f"; {reduced.why}"
-            if calls[d.call].method in suspect:
-                detail += f"; {suspect[calls[d.call].method]}"
-            mismatches.append(Mismatch(d.call, calls[d.call].method, detail))
+            mismatches.append(Mismatch(d.call, w.method, detail + "".join(w.notes)))
         return mismatches
+
+    def inaccurate(self, calls: list[EagerCall], ran: list[Ran]) -> list[Wrong]:
+        """A1: where ``ran`` (every method loaded up front) differs from eager and no faulty binding explains
+        it, each value the method alone gives otherwise than eager (``Wrong.truth``), noting the precision
+        the backend declares it computes float32 in. Raises AloneUnavailable where no method alone can be
+        had."""
+        import torch
+
+        from pytest_ptn.check.alone import suspects
+
+        comparison = self.comparison
+        deviations, _ = comparison.deviations(calls, ran)
+        if deviations:  # a value a faulty binding explains is isolation's, whatever the method alone gives
+            forced = self._evidence(deviations, calls, ran, LoadSchedule.UP_FRONT).forced
+            deviations = [d for d in deviations if d.call not in forced]
+        if not deviations:
+            return []
+        alone = self.subject.alone(calls)
+        reduced = comparison.reduced
+        suspect = suspects(alone, [(c.method, c.outputs) for c in calls])
+        out = []
+        for d in deviations:
+            truth = d.of(alone[d.call])
+            if truth is None or comparison.same_as_eager(d, truth):
+                continue  # alone, the method agrees with eager: the program's difference is isolation's
+            method = calls[d.call].method
+            notes = []
+            if reduced is not None and d.want.dtype == torch.float32:
+                notes.append(f"; {reduced.why}")
+            if method in suspect:
+                notes.append(f"; {suspect[method]}")
+            out.append(Wrong(d, method, "", "", tuple(notes), truth=truth))
+        return out
+
+    def _evidence(
+        self, deviations: list[Deviation], calls: list[EagerCall], ran: list[Ran], schedule: LoadSchedule
+    ) -> Evidence:
+        """What the replays, the memory plan, the method's own calls and the package say of ``deviations``
+        (each in that order, for the calls the ones before leave unexplained)."""
+        from pytest_ptn.check.own_calls import other_than_on_its_own
+
+        subject = self.subject
+        words, labels, explained = self._explained(deviations, calls, ran, schedule)
+        forced = {call for call, how in explained.items() if any(isolation_only(m) for m in how)}
+        planned = self._planned_together(calls, [d for d in deviations if d.call not in explained])
+        suspected = [d for d in deviations if d.call in planned]
+        own = other_than_on_its_own(subject.exports, calls, suspected, subject.rerun, self.comparison)
+        accounted = explained.keys() | planned.keys()
+        stored = self._stored_otherwise(calls, [d for d in deviations if d.call not in accounted])
+        forced |= own.keys() | stored.keys()
+        return Evidence(words, labels, explained, planned, own, stored, forced)
 
     def _alone(self, calls: list[EagerCall]) -> tuple[list[CallAlone] | None, str | None]:
         from pytest_ptn.check.alone import AloneUnavailable
@@ -188,19 +264,19 @@ class WrongValues:
 
     def _explained(
         self, deviations: list[Deviation], calls: list[EagerCall], ran: list[Ran], schedule: LoadSchedule
-    ) -> tuple[list[str], dict[int, tuple[Mechanism, ...]]]:
-        """Each deviation's detail, and the calls whose wrong values a faulty binding accounts for: another
-        method's same-named tensor, a private copy of shared state, two buffers in one memory
-        (pytest_ptn.check.explain). Such a call is an isolation defect whatever the method alone gives (a
-        cache that outlives a program, as the CUDA delegate's is, hands the method alone the same tensor),
-        and it needs no method lowered alone."""
+    ) -> tuple[list[str], list[str], dict[int, tuple[Mechanism, ...]]]:
+        """Each deviation's words and the label of the replay that gives it (an output's; "" for none), and
+        the calls whose wrong values a faulty binding accounts for: another method's same-named tensor, a
+        private copy of shared state, two buffers in one memory (pytest_ptn.check.explain). Such a call is
+        an isolation defect whatever the method alone gives (a cache that outlives a program, as the CUDA
+        delegate's is, hands the method alone the same tensor), and it needs no method lowered alone."""
         from pytest_ptn.check.explain import label_of, mechanisms_of
 
-        details: list[str] = []
+        words: list[str] = []
         explained: dict[int, tuple[Mechanism, ...]] = {}
         for d in deviations:
-            detail, read = self._detail(d, calls)
-            details.append(detail)
+            said, read = self._detail(d, calls)
+            words.append(said)
             if read:
                 method = calls[d.call].method
                 role = reads.role_of_read(self.subject.spec, method)
@@ -208,10 +284,10 @@ class WrongValues:
         wrong = {d.call: calls[d.call].method for d in deviations if d.kind == "output"}
         wrong = {call: method for call, method in wrong.items() if call not in explained}
         replays = self._bindings(calls, ran, wrong, schedule) if wrong else {}
-        for i, d in enumerate(deviations):
-            if d.kind == "output" and d.call in replays:
-                details[i] += f"; it equals {label_of(replays[d.call])}"
-        return details, explained | {call: mechanisms_of(found) for call, found in replays.items()}
+        labels = [
+            label_of(replays[d.call]) if d.kind == "output" and d.call in replays else "" for d in deviations
+        ]
+        return words, labels, explained | {call: mechanisms_of(found) for call, found in replays.items()}
 
     def _bindings(
         self, calls: list[EagerCall], ran: list[Ran], wrong: dict[int, str], schedule: LoadSchedule
@@ -261,40 +337,7 @@ class WrongValues:
         reduced = comparison.reduced
         if computed_in is not None and reduced is not None:
             detail += f"; {reduced.why}"
-        elsewhere = self.subject.read_elsewhere(d.call, d.have, calls)
+        reading = self.subject.read_elsewhere
+        found = reading(d.call, d.have, calls)[:1] if reading is not None else []
+        elsewhere = "".join(f"method {method!r}'s {key!r}" for method, key in found)
         return detail + (f": it read {elsewhere}" if elsewhere else ""), read or elsewhere
-
-
-def witnessed(
-    witness: Witness,
-    found: list[Mismatch],
-    calls: list[EagerCall],
-    ran: list[Ran],
-    seen: list[Ran] | Exception,
-    comparison: Comparison,
-) -> tuple[list[Mismatch], set[Whose]]:
-    """``found``, each saying what the witness gave on the same calls and schedule (``seen``, or what it
-    raised): the same values are the lowering's (or upstream's), eager's values the runtime's own; and
-    whose they are, where the witness tells."""
-    import dataclasses
-
-    from pytest_ptn.backend import one_line
-    from pytest_ptn.check.values import same_outputs
-    from pytest_ptn.instruments.comparison import equal
-
-    if isinstance(seen, Exception):
-        said = f"{witness.by} raised {one_line(seen)}"
-        return [dataclasses.replace(m, detail=f"{m.detail}; {said}") for m in found], set()
-    out, whose = [], set()
-    for m in found:
-        theirs, ours, call = seen[m.call].outputs, ran[m.call].outputs, calls[m.call]
-        same = same_outputs(ours, theirs)
-        bounds = call.output_bounds()
-        eager = len(theirs) == len(call.outputs) and all(
-            equal(t, e, b, comparison.tolerance, comparison.computed_in(e))
-            for t, e, b in zip(theirs, call.outputs, bounds, strict=True)
-        )
-        out.append(dataclasses.replace(m, detail=f"{m.detail}; {witness.says(same, eager)}"))
-        if (who := witness.whose(same, eager)) is not None:
-            whose.add(who)
-    return out, whose

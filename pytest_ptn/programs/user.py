@@ -4,11 +4,12 @@ hook): exported and run eagerly the way the catalogue's programs are, named and 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -29,7 +30,6 @@ from pytest_ptn.programs.source import (
 )
 from pytest_ptn.programs.traits import derived_tags
 
-Flat = tuple[torch.Tensor, ...]
 NAME = re.compile(r"\w+")
 """A program's name is part of test ids and expectation files: letters, digits and underscores."""
 
@@ -123,7 +123,7 @@ class NamedProgram:
 
     def state_fqns(self) -> dict[str, torch.Tensor]:
         """Initial value of every buffer some method writes, by the FQN export gives it."""
-        return self._state(self._modules())
+        return _state(self._program, self._modules())
 
     def buffer_fqns(self) -> dict[str, torch.Tensor]:
         """Initial value of every buffer of the program, written or only read, by each FQN export gives it."""
@@ -157,34 +157,54 @@ class NamedProgram:
         self._refuse_conflict()
         return self._program.eager()
 
-    def _state(self, methods: dict[str, nn.Module]) -> dict[str, torch.Tensor]:
-        found = {key: find_tensor(methods, key) for key in sorted(mutable_keys(self._program.inspected()))}
-        return {key: t.clone() for key, t in found.items() if t is not None}
-
     def _run(self, given: Sequence[tuple[str, Inputs]]) -> list[EagerCall]:
         """The calls on eager, their inputs flat as the backend gets them; a reduced-precision program also
         widened to float64 (EagerCall.wide)."""
+        self._refuse_conflict()
         with upstream_noise.contained():
             calls = self._program.calls(given)
-        out = self._calls(self._modules(), calls)
+        out = eager_calls(self._program, calls)
         if self._program.reduced_precision:
-            wide = [(name, widened(args, torch.float64)) for name, args in calls]
-            for call, wide_call in zip(
-                out, self._calls(self._program.eager(torch.float64), wide), strict=True
-            ):
-                call.wide = wide_call
+            widen(self._program, calls, out)
         return out
 
-    def _calls(self, methods: dict[str, nn.Module], calls: Sequence[tuple[str, Flat]]) -> list[EagerCall]:
-        out = []
-        with torch.no_grad():
-            for name, args in calls:
-                given = tuple(t.clone() for t in args)
-                result = methods[name](*given)
-                outputs = [t.clone() for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor)]
-                after = tuple(t.clone() for t in given)
-                out.append(EagerCall(name, args, outputs, after, self._state(methods)))
-        return out
+
+def eager_calls(program: UserProgram, calls: Sequence[tuple[str, tuple[Any, ...]]]) -> list[EagerCall]:
+    """``calls`` (inputs flat, UserProgram.calls) run eagerly on one new inference copy of ``program``, state
+    carried across them: what each gave, and every state some method writes after it."""
+    return _calls(program, program.eager(), calls)
+
+
+def widen(program: UserProgram, calls: Sequence[tuple[str, tuple[Any, ...]]], out: list[EagerCall]) -> None:
+    """Give each of ``out`` (``calls`` run eagerly) its run on the program widened to float64
+    (EagerCall.wide: how far eager's own rounding moves each value); raises what the widened run raises."""
+    wide = [(name, widened(args, torch.float64)) for name, args in calls]
+    for call, wide_call in zip(out, _calls(program, program.eager(torch.float64), wide), strict=True):
+        call.wide = wide_call
+
+
+def _calls(
+    program: UserProgram, methods: dict[str, nn.Module], calls: Sequence[tuple[str, tuple[Any, ...]]]
+) -> list[EagerCall]:
+    out = []
+    with torch.no_grad():
+        for name, args in calls:
+            given = tuple(_copy(a) for a in args)
+            result = methods[name](*given)
+            outputs = [t.clone() for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor)]
+            after = tuple(_copy(a) for a in given)
+            out.append(EagerCall(name, args, outputs, after, _state(program, methods)))
+    return out
+
+
+def _state(program: UserProgram, methods: dict[str, nn.Module]) -> dict[str, torch.Tensor]:
+    """Every buffer some method writes, as ``methods`` hold it now, by the FQN export gives it."""
+    found = {key: find_tensor(methods, key) for key in sorted(mutable_keys(program.inspected()))}
+    return {key: t.clone() for key, t in found.items() if t is not None}
+
+
+def _copy(value: Any) -> Any:
+    return value.clone() if isinstance(value, torch.Tensor) else copy.deepcopy(value)
 
 
 @dataclass(frozen=True)
