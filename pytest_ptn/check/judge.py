@@ -95,7 +95,6 @@ class Judge:
         self.backend = backend
         self.lowered = lowered
         self.program = program
-        self.sequence = sequence
         self.workdir = workdir
         self.comparison = Comparison(None, backend.float32_computed_in())
         inspected = program.inspected()
