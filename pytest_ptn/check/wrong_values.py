@@ -1,8 +1,9 @@
-"""The judging of one run of a call sequence, as the scenario tests, the fuzz and ``check_spec`` do it: the
-values that differ from eager (check.values), then the evidence of how each came about (the faulty-binding
-replays, check.explain; the memory plan, check.memory_plan; the method's own calls, check.own_calls; the
-package, check.package), then what the method alone gives (check.alone): the isolation mismatches, each with
-its mechanisms, and beside them the accuracy ones (A1).
+"""The judging of one run of a call sequence, as the scenario tests, the fuzz, ``check_spec`` and
+``check_program`` all do it: the values that differ from eager (check.values), then the evidence of how each
+came about (the faulty-binding replays, check.explain; the memory plan, check.memory_plan; the method's own
+calls, check.own_calls; the package, check.package), then what the method alone gives (check.alone): the
+isolation defects, each with its mechanisms (``Wrong``), and beside them the accuracy ones (A1). Each front
+end words them its own way: a scenario test's ``Mismatch`` lines, check_program's findings (check.judge).
 
 It reads its case through ``Subject``: plain values, and the runs, programs and replays it asks for only
 where a wrong value needs them."""
