@@ -34,6 +34,7 @@ from pytest_ptn.instruments.comparison import snr_db
 from pytest_ptn.instruments.content import digest
 from pytest_ptn.instruments.isolation import OUTPUT_TAIL
 from pytest_ptn.instruments.process_end import ProcessEnd
+from pytest_ptn.programs.source import copied
 from pytest_ptn.programs.stateless import Stateless, stateless
 
 
@@ -137,7 +138,7 @@ class MethodsAlone:
                 stateless_method = made[method][0]
                 given = [state[k].clone() for k in stateless_method.state_in]
                 self._enter(f"running {method}() alone")
-                flat = children[method].call([*given, *(_copy(a) for a in args)])
+                flat = children[method].call([*given, *(copied(a) for a in args)])
                 written, inputs_out, outputs = stateless_method.split(flat)
                 state.update(zip(stateless_method.state_out, written, strict=True))
                 after = list(args)
@@ -277,15 +278,11 @@ def _serve(requests: IO[bytes], answers: IO[bytes]) -> None:
     answer("ok", None)
     while (flat := pickle.load(requests)) is not None:
         try:
-            outputs = [_copy(v) for v in loaded.run(method, flat)]  # a runtime reuses its memory
+            outputs = [copied(v) for v in loaded.run(method, flat)]  # a runtime reuses its memory
         except Exception as e:
             answer("unavailable", f"method {method!r} alone raised {one_line(e)}")
             continue
         answer("ok", outputs)
-
-
-def _copy(value: Any) -> Any:
-    return value.detach().clone() if isinstance(value, torch.Tensor) else value
 
 
 def identity(value: Any) -> object:

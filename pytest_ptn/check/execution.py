@@ -4,13 +4,13 @@ each call's methods loaded as a load schedule says, its inputs copied, what it g
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from pytest_ptn.check.values import Ran
+from pytest_ptn.programs.source import copied
 
 if TYPE_CHECKING:
     from pytest_ptn.backend import EagerCall, Loaded
@@ -45,13 +45,9 @@ def run(
         for method in to_load:
             enter(f"loading {method}()")
             loaded.load_method(method)
-        given = [_copy(value) for value in call.inputs]
+        given = [copied(value) for value in call.inputs]
         enter(f"running {call.method}()")
         outputs = [t.clone() for t in loaded.run(call.method, given)]  # a runtime may reuse its memory
         shown = {k: t.clone() for k, t in loaded.state().items()} if state else None
         into.append(Ran(outputs, given, shown))
     return into
-
-
-def _copy(value: Any) -> Any:
-    return value.clone() if isinstance(value, torch.Tensor) else copy.deepcopy(value)

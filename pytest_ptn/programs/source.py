@@ -113,6 +113,12 @@ def _is_positional(in_spec: pytree.TreeSpec) -> bool:
     return in_spec == pytree.tree_flatten((tuple(range(count)), {}))[1]
 
 
+def copied(value: Any) -> Any:
+    """A call's argument or result as a copy of its own, without autograd history: a backend may write into
+    its inputs, and a runtime may reuse the memory of its outputs."""
+    return value.detach().clone() if isinstance(value, torch.Tensor) else copy.deepcopy(value)
+
+
 def _detached(values: Sequence[Any]) -> tuple[Any, ...]:
     return tuple(v.detach() if isinstance(v, torch.Tensor) and v.grad_fn is not None else v for v in values)
 

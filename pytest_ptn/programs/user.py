@@ -4,7 +4,6 @@ hook): exported and run eagerly the way the catalogue's programs are, named and 
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import re
 from collections.abc import Collection, Mapping, Sequence
@@ -24,6 +23,7 @@ from pytest_ptn.programs.source import (
     ProgramFormError,
     Source,
     UserProgram,
+    copied,
     find_tensor,
     leaves,
     widened,
@@ -189,10 +189,10 @@ def _calls(
     out = []
     with torch.no_grad():
         for name, args in calls:
-            given = tuple(_copy(a) for a in args)
+            given = tuple(copied(a) for a in args)
             result = methods[name](*given)
             outputs = [t.clone() for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor)]
-            after = tuple(_copy(a) for a in given)
+            after = tuple(copied(a) for a in given)
             out.append(EagerCall(name, args, outputs, after, _state(program, methods)))
     return out
 
@@ -201,10 +201,6 @@ def _state(program: UserProgram, methods: dict[str, nn.Module]) -> dict[str, tor
     """Every buffer some method writes, as ``methods`` hold it now, by the FQN export gives it."""
     found = {key: find_tensor(methods, key) for key in sorted(mutable_keys(program.inspected()))}
     return {key: t.clone() for key, t in found.items() if t is not None}
-
-
-def _copy(value: Any) -> Any:
-    return value.clone() if isinstance(value, torch.Tensor) else copy.deepcopy(value)
 
 
 @dataclass(frozen=True)
