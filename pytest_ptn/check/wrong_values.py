@@ -105,6 +105,9 @@ class WrongValues:
     def __init__(self, subject: Subject):
         self.subject = subject
         self.comparison = subject.comparison
+        self._gathered: tuple[list[Ran], LoadSchedule, Evidence] | None = None
+        """The last run's evidence: a run judged for isolation, then for accuracy, gathers it once (its
+        own-calls reruns, its package read)."""
 
     def mismatches(
         self, calls: list[EagerCall], ran: list[Ran], schedule: LoadSchedule = LoadSchedule.UP_FRONT
@@ -212,6 +215,9 @@ class WrongValues:
         (each in that order, for the calls the ones before leave unexplained)."""
         from pytest_ptn.check.own_calls import other_than_on_its_own
 
+        gathered = self._gathered
+        if gathered is not None and gathered[0] is ran and gathered[1] is schedule:
+            return gathered[2]
         subject = self.subject
         words, labels, explained = self._explained(deviations, calls, ran, schedule)
         forced = {call for call, how in explained.items() if any(isolation_only(m) for m in how)}
@@ -221,7 +227,9 @@ class WrongValues:
         accounted = explained.keys() | planned.keys()
         stored = self._stored_otherwise(calls, [d for d in deviations if d.call not in accounted])
         forced |= own.keys() | stored.keys()
-        return Evidence(words, labels, explained, planned, own, stored, forced)
+        evidence = Evidence(words, labels, explained, planned, own, stored, forced)
+        self._gathered = (ran, schedule, evidence)
+        return evidence
 
     def _alone(self, calls: list[EagerCall]) -> tuple[list[CallAlone] | None, str | None]:
         from pytest_ptn.check.alone import AloneUnavailable
