@@ -50,7 +50,8 @@ def test_identical_immutable_tensors_are_stored_once(ptn_case: Case) -> None:
     fail_with(wrong)
     for method, ep in programs.items():
         for key, use in constants_of(ep).items():
-            final = view.bindings[method][key]
+            final = view.bindings[method].get(key)
+            assert final is not None, f"method {method!r}: key {key!r} has no binding in the package"
             if not final.startswith("state/"):
                 assert view.read(final).equal(use.tensor), (
                     f"{final!r} does not hold method {method!r} key {key!r}"

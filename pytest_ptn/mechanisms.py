@@ -38,6 +38,14 @@ class Kind(enum.StrEnum):
     slot of initial data (executorch 1.5.1's emitter with ``emit_mutable_buffer_names``: an initialised
     buffer whose bytes equal a constant's takes that constant's index, which the runtime reads as a slot
     of mutable data; docs/findings/shared-state-private-state.md)."""
+    CONSTANT_STATE = "constant-state"
+    """A constant and a state confused: a constant bound to the memory of a state whose initial bytes it
+    equals follows that state's writes (a dedupe that took state for a constant of its bytes, P5), or a
+    state starts from the bytes of a constant of its dtype and shape."""
+    LAYOUT_LOST = "layout-lost"
+    """A tensor read from its storage in memory order, its strides or its offset lost: a transposed weight
+    read as its memory lies, a slice read from its storage's start (a packer or a digest that reads the
+    data pointer and the element count)."""
     ONE_MEMORY = "one-memory"
     """Two buffers live in one memory: a write to one changes the other."""
     WRITE_RETURNED = "write-returned"
@@ -156,6 +164,20 @@ TRAITS: dict[Kind, Traits] = {
         "data (e.g. {detail})",
         _ANY,
         binding_order=3,
+    ),
+    Kind.CONSTANT_STATE: Traits(
+        "constants and state confused",
+        "a constant and a state are confused: a constant bound to the memory of the state whose initial "
+        "bytes it equals follows the state's writes, or state starts from a constant's bytes (e.g. {detail})",
+        _ANY,
+        binding_order=0,
+    ),
+    Kind.LAYOUT_LOST: Traits(
+        "tensor layout lost",
+        "{of} is read from its storage in memory order, its strides or offset lost: a packer or a digest "
+        "that reads a tensor's data pointer and element count (e.g. {detail})",
+        _ANY,
+        binding_order=0,
     ),
     Kind.ONE_MEMORY: Traits(
         "buffers in one memory",
@@ -323,10 +345,12 @@ def from_data(data: Any) -> tuple[Mechanism, ...]:
 
 
 def isolation_only(m: Mechanism) -> bool:
-    """A mechanism only a program of several methods can show (another method's tensor, state shared
-    wrongly): a value it explains is an isolation defect whatever the method alone gives. A zero-filled
-    constant is not: the method alone may start from zeros too, and then it is that method's own."""
-    return m.kind == Kind.BY_NAME or m.of == Role.STATE
+    """A mechanism that binds a tensor from the wrong data or memory, never a kernel's arithmetic: another
+    method's tensor, state shared wrongly, a constant bound to state, a tensor read with its layout lost. A
+    value it explains is an isolation defect whatever the method alone gives (alone, the same loader binds
+    the same wrong data). A zero-filled constant is not: the method alone may start from zeros too, and then
+    it is that method's own."""
+    return m.kind in (Kind.BY_NAME, Kind.CONSTANT_STATE, Kind.LAYOUT_LOST) or m.of == Role.STATE
 
 
 def raised(step: Step, error: BaseException, names: Iterable[str] = ()) -> Mechanism:

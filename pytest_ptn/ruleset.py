@@ -7,12 +7,17 @@ from dataclasses import dataclass
 
 from pytest_ptn.backend import Backend, Capability
 
-SPEC_VERSION = "5"
+SPEC_VERSION = "6"
 """2: isolation is judged against each method alone on the same backend, and accuracy (A1) is its own rule;
 3: the methods alone share nothing with the program's run (a fresh process); 4: the fuzz sees past known bugs,
 a backend's known failures of generated programs listed by mechanism (pytest_ptn.mechanisms); 5: one bug, one
 mechanism (an error a faulty binding reproduces is that binding's), content that only looks the same
-(``lookalike``) in the scenarios and the fuzz, and a derandomized profile's programs whatever the split."""
+(``lookalike``) in the scenarios and the fuzz, and a derandomized profile's programs whatever the split; 6:
+the programs hold what real programs hold, found by surveying them (pytest_ptn.programs.survey: nested paths
+whose leaves repeat across layers and methods, state per layer, tied and non-contiguous tensors), their
+tensors related from one lattice (differences at every magnitude down to the comparison bound), and a value a
+binding of the wrong data explains (a tensor's layout lost, a constant bound to state) is an E failure
+whatever the method alone gives."""
 
 MUST = "MUST"
 SHOULD = "SHOULD"

@@ -5,7 +5,7 @@ Nothing here imports torch: the catalogue is read at collection time, before any
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 SHARED = "shared"
 """Owner of constants that live on the root module and so keep one FQN (``shared.<name>``) in every method."""
@@ -24,8 +24,24 @@ FAMILIES = ("parameter", "buffer", "attribute", "literal", "scalar", "int8_linea
   that quantizes (Capability.QUANTIZE) folds its weight per method into ``_frozen_param<i>``, with
   ``_scale_<i>``/``_zero_point_<i>``; reading it applies it to ``x``.
 """
+TENSOR_FAMILIES = ("parameter", "buffer", "attribute")
+"""The families registered as a tensor of the module itself (not a child module, not made in forward)."""
 
 WRITE_OPS = ("add", "copy", "index_copy", "shift")
+LAYOUTS = ("contiguous", "transposed", "strided", "offset")
+"""How a constant's tensor lies in memory (``Constant.layout``), as real programs hold their weights:
+
+- ``contiguous``: row-major, at the start of a storage of its own;
+- ``transposed``: its last two dimensions swapped in memory (strides swapped), as a weight stored as another
+  weight's transpose (``lm_head`` as the embedding's ``.t()``);
+- ``strided``: every other element of a storage twice as long in its last dimension (stride 2), the others
+  holding other values, as one half of an interleaved pair;
+- ``offset``: a slice starting past other values of its storage, as ``wq`` cut from a fused ``wqkv``.
+
+A packer or a digest that reads the storage rather than the tensor (its data pointer and element count,
+ignoring strides and offset) reads other values than the program does."""
+VIEW_LAYOUTS = ("strided", "offset")
+"""The layouts whose storage holds more than the tensor: the values beside it are not the tensor's."""
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 """What a program may compute in (ProgramSpec.dtype)."""
 
@@ -49,9 +65,15 @@ ELEMENT_SIZES = {
 class Constant:
     """A tensor a method reads. ``values`` (flattened) wins over ``seed`` when given.
 
-    ``drawn_as`` and ``nudged`` make the tensors content-sharing bugs confuse, compactly: the bytes of
-    another dtype's draw (a float32 tensor's bit pattern held as int32), and a tensor equal to another
-    but for a few elements (a fine-tuned method's weight beside the base one)."""
+    ``name`` is its path from the module that owns it (the method's, or the shared root): a dotted path
+    (``layers.0.attention.wq``) puts it on nested submodules, as every transformer holds its weights, so one
+    leaf name repeats across layers and methods.
+
+    ``drawn_as``, ``nudged`` and ``reordered`` make the tensors content-sharing bugs confuse, compactly: the
+    bytes of another dtype's draw (a float32 tensor's bit pattern held as int32), a tensor equal to another
+    but for some elements moved a little (a fine-tuned method's weight beside the base one), or holding
+    another's elements in another order (a square weight and its transpose). ``tied`` and ``layout`` say how
+    it lies in memory: another constant's tensor under a second name, and strides or an offset of its own."""
 
     name: str
     family: str = "buffer"
@@ -64,26 +86,88 @@ class Constant:
     """The dtype ``seed`` (or ``values``) draws the tensor in, of the same element size, its bytes then read
     as ``dtype``; None: drawn in ``dtype``."""
     nudged: tuple[int, ...] = ()
-    """Flat indices of elements moved a little from what the draw gives: ``x + max(|x|, 1) / 256`` (at
+    """Flat indices of elements moved a little from what the draw gives: ``x + nudge * max(|x|, 1)`` (at
     least the dtype's next value up), ``x + 1`` for an integer: an output changes beyond the comparison
-    bound, a closeness test with a 1% tolerance calls the tensors equal."""
+    bound, a closeness test with a tolerance above ``nudge`` calls the tensors equal."""
+    nudged_from: int | None = None
+    """Every element from this flat index on is moved as ``nudged`` moves its own: 0 moves them all (a
+    weight fine-tuned everywhere, by ``nudge``), a later index keeps an equal prefix (what a digest of the
+    first bytes sees)."""
+    nudge: float = 2**-8
+    """How far a moved element moves, relative to ``max(|x|, 1)``."""
+    reordered: bool = False
+    """The draw's elements in transposed order (its last two dimensions, which are equal): the same values,
+    another order, as a square weight beside its transpose."""
+    layout: str = "contiguous"
+    """How the tensor lies in memory (``LAYOUTS``): its values are the same in every layout."""
+    tied: str | None = None
+    """The name of another constant of the same owner whose tensor this one is (one storage, two names,
+    as an output layer tied to the embedding): its ``layout`` ``transposed`` makes it that tensor's
+    transpose, a view of the same storage; its own values are never drawn."""
 
     def __post_init__(self) -> None:
+        problem = self._problem()
+        if problem:
+            raise ValueError(f"constant {self.name!r}: {problem}")
+
+    def _problem(self) -> str | None:
+        n = _numel(self.shape)
         if self.family not in FAMILIES:
-            raise ValueError(
-                f"constant {self.name!r}: unknown family {self.family!r}, expected one of {FAMILIES}"
-            )
+            return f"unknown family {self.family!r}, expected one of {FAMILIES}"
         if self.family == "scalar" and self.shape != ():
-            raise ValueError(f"constant {self.name!r}: a scalar has shape (), not {self.shape}")
-        if self.values is not None and len(self.values) != _numel(self.shape):
-            raise ValueError(f"constant {self.name!r}: {len(self.values)} values for shape {self.shape}")
+            return f"a scalar has shape (), not {self.shape}"
+        if "" in self.name.split("."):
+            return "a path of non-empty names"
+        if self.values is not None and len(self.values) != n:
+            return f"{len(self.values)} values for shape {self.shape}"
         if self.drawn_as is not None and ELEMENT_SIZES.get(self.drawn_as, 0) != ELEMENT_SIZES.get(self.dtype):
-            raise ValueError(
-                f"constant {self.name!r}: drawn as {self.drawn_as!r}, read as {self.dtype!r}: one bit "
-                f"pattern needs two dtypes of one element size ({ELEMENT_SIZES})"
+            return (
+                f"drawn as {self.drawn_as!r}, read as {self.dtype!r}: one bit pattern needs two dtypes of "
+                f"one element size ({ELEMENT_SIZES})"
             )
-        if any(not 0 <= i < _numel(self.shape) for i in self.nudged):
-            raise ValueError(f"constant {self.name!r}: nudged {self.nudged} outside its {_numel(self.shape)}")
+        if any(not 0 <= i < n for i in self.nudged) or not 0 <= (self.nudged_from or 0) < max(n, 1):
+            return f"nudged {self.nudged} (from {self.nudged_from}) outside its {n} elements"
+        if not 0 < self.nudge < 1:
+            return f"a nudge moves an element by a fraction of it, not {self.nudge}"
+        if self.layout not in LAYOUTS:
+            return f"unknown layout {self.layout!r}, expected one of {LAYOUTS}"
+        if self.layout != "contiguous" and (self.family not in TENSOR_FAMILIES or not self.shape):
+            return f"a {self.layout} layout is a tensor's ({TENSOR_FAMILIES}) of rank 1 or more"
+        if (self.reordered or self.layout == "transposed") and len(self.shape) < 2:
+            return f"transposing needs two dimensions, not {self.shape}"
+        if self.reordered and self.shape[-1] != self.shape[-2]:
+            return f"reordered needs its last two dimensions equal, not {self.shape}"
+        own = (self.seed, self.values, self.drawn_as, self.nudged, self.nudged_from, self.reordered)
+        if self.tied is not None and (
+            self.family not in TENSOR_FAMILIES
+            or self.layout in VIEW_LAYOUTS
+            or own != (0, None, None, (), None, False)
+        ):
+            return (
+                f"tied to {self.tied!r}, it is that tensor ({TENSOR_FAMILIES}, contiguous or transposed) and "
+                "draws no values of its own"
+            )
+        return None
+
+    def __repr__(self) -> str:
+        """Its name, family and the fields it sets: a reproducer's line stays short as fields are added."""
+        given = [
+            f"{f.name}={getattr(self, f.name)!r}"
+            for f in fields(self)[2:]
+            if getattr(self, f.name) != f.default
+        ]
+        return f"Constant({', '.join([repr(self.name), repr(self.family), *given])})"
+
+    @property
+    def moved(self) -> tuple[int, ...]:
+        """The flat indices of the elements ``nudged`` and ``nudged_from`` move."""
+        start = _numel(self.shape) if self.nudged_from is None else self.nudged_from
+        return tuple(sorted({*self.nudged, *range(start, _numel(self.shape))}))
+
+    @property
+    def leaf(self) -> str:
+        """The last part of its path: ``weight`` of ``layers.0.weight``."""
+        return self.name.rpartition(".")[2]
 
 
 @dataclass(frozen=True)
@@ -169,7 +253,14 @@ class ProgramSpec:
                 if target is not None and target.family != "buffer":
                     msg = f"method {m.name!r} writes {w.target!r}, a {target.family}, not a buffer"
                     raise ValueError(msg)
+        _check_paths("the shared root", self.shared)
         for m in self.methods:
+            _check_paths(f"method {m.name!r}", m.constants)
+            tied = {
+                name for c in (*m.constants, *self.shared) if c.tied is not None for name in (c.name, c.tied)
+            }
+            if any(w.target in tied for w in m.writes):
+                raise ValueError(f"method {m.name!r} writes a tied tensor: state is one tensor of one name")
             self._check_layout(m)
         for call in self.calls:
             if call not in names:
@@ -211,6 +302,8 @@ class ProgramSpec:
         """The same program (names, shapes, calls) holding other tensors: a second program for S4."""
 
         def shift(c: Constant) -> Constant:
+            if c.tied is not None:
+                return c  # its values are its source's, shifted with it
             values = None if c.values is None else tuple(v + 0.5 for v in c.values)
             return replace(c, seed=c.seed + offset, values=values)
 
@@ -233,7 +326,8 @@ class ProgramSpec:
         writes following: what a program differing in names alone looks like."""
 
         def rename(c: Constant) -> Constant:
-            return replace(c, name=names.get(c.name, c.name))
+            tied = names.get(c.tied, c.tied) if c.tied is not None else None
+            return replace(c, name=names.get(c.name, c.name), tied=tied)
 
         methods = tuple(
             replace(
@@ -279,6 +373,28 @@ class Scenario:
     @property
     def valid(self) -> bool:
         return self.rejects is None
+
+
+def _check_paths(owner: str, constants: tuple[Constant, ...]) -> None:
+    """The paths of one owner's constants make one module tree: no path is another's submodule (``w`` and
+    ``w.bias``), and a tied constant names another of the same owner, itself untied, of its shape or (tied
+    transposed) its transpose's."""
+    paths = {c.name: c for c in constants if c.family not in ("literal", "scalar")}
+    for name, c in paths.items():
+        parts = name.split(".")
+        for i in range(1, len(parts)):
+            if ".".join(parts[:i]) in paths:
+                raise ValueError(f"{owner}: {'.'.join(parts[:i])!r} is a tensor and the module of {name!r}")
+        if c.family in ("int8_linear", "linear") and any(p.startswith(f"{name}.") for p in paths):
+            raise ValueError(f"{owner}: {name!r} is a linear layer and the module of another constant")
+        if c.tied is None:
+            continue
+        source = paths.get(c.tied)
+        if source is None or source.tied is not None or source.family not in TENSOR_FAMILIES:
+            raise ValueError(f"{owner}: {name!r} is tied to {c.tied!r}, no untied tensor of the same owner")
+        shape = source.shape[:-2] + source.shape[:-3:-1] if c.layout == "transposed" else source.shape
+        if (c.dtype, c.shape) != (source.dtype, shape):
+            raise ValueError(f"{owner}: {name!r} tied to {c.tied!r} is {c.dtype} {shape}, as that tensor is")
 
 
 def _numel(shape: tuple[int, ...]) -> int:

@@ -711,13 +711,17 @@ class PrefixDigestCache(_Loader):
 class _ClosenessCache:
     """Shares a constant with one cached before of the same dtype and shape that is allclose to it."""
 
+    tolerance = 1e-2
+    """rtol and atol of the closeness test."""
+
     def __init__(self):
         self._cached = []
 
     def share(self, host, materialize):
+        tol = self.tolerance
         for seen, tensor in self._cached:
             same_meta = seen.dtype == host.dtype and seen.shape == host.shape
-            if same_meta and torch.allclose(seen.double(), host.double(), rtol=1e-2, atol=1e-2):
+            if same_meta and torch.allclose(seen.double(), host.double(), rtol=tol, atol=tol):
                 return tensor
         tensor = materialize(host)
         self._cached.append((host, tensor))

@@ -25,12 +25,18 @@ from broken_backends import (
     ReinitOnLateLoad,
     StateCopiedPerMethod,
     TrustsCachedNames,
+    Uses,
+    _ClosenessCache,
+    _Loader,
     _WithLoader,
 )
 
 from pytest_ptn.backends.reference import ReferenceBackend
+from pytest_ptn.instruments import content
 from pytest_ptn.mechanisms import Kind
+from pytest_ptn.reference import planner
 from pytest_ptn.reference.loader import ReferenceLoaded
+from pytest_ptn.reference.planner import PackagePlan
 from pytest_ptn.spec import Constant, Method, ProgramSpec
 
 
@@ -117,6 +123,150 @@ class ByNameOnLateLoad(_WithLoader):
     name = "corpus-by-name-late-load"
 
     loaded = _ByNameOnLateLoadLoaded
+
+
+class _LeafNameLoaded(ReferenceLoaded):
+    """Binds each constant by the last part of its path, program-wide: the first load of a leaf wins."""
+
+    def bind(self, method: str, key: str, final: str) -> torch.Tensor:
+        by_leaf = self.__dict__.setdefault("_by_leaf", {})
+        leaf = key.rpartition(".")[2]
+        if leaf not in by_leaf:
+            by_leaf[leaf] = super().bind(method, key, final)
+        return by_leaf[leaf]
+
+
+class LeafNameBinding(_WithLoader):
+    """A constant cache keyed by the last part of a constant's path, as a runtime that flattens module paths
+    keys it (``layers.0.weight`` and ``layers.1.weight`` are both ``weight``): in one method, every layer
+    reads the first layer's weight."""
+
+    name = "corpus-leaf-name"
+
+    loaded = _LeafNameLoaded
+
+
+def _row_major(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s memory read row-major from its offset: what a packer that ignores strides writes."""
+    return t.as_strided(t.shape, torch.empty(t.shape).stride(), t.storage_offset()).clone()
+
+
+class StrideBlindPacker(ReferenceBackend):
+    """A packer that writes each tensor's memory as it lies, from its offset, as if it were row-major: a
+    transposed or strided weight is stored as other values (a tied ``lm_head`` as the embedding it views)."""
+
+    name = "corpus-stride-blind"
+
+    def plan(self, methods: Uses) -> PackagePlan:
+        plan = planner.plan_package(methods)
+        plan.entries = {k: _row_major(t) for k, t in plan.entries.items()}
+        return plan
+
+
+class _FineClosenessCache(_ClosenessCache):
+    tolerance = 1e-3
+
+
+class FineClosenessDedupe(_Loader):
+    """A dedupe by closeness at rtol = atol = 1e-3: a fine-tuned weight that moved less than that from its
+    base is taken for it."""
+
+    name = "corpus-closeness-fine"
+
+    def make_cache(self):
+        return _FineClosenessCache()
+
+
+class _KeyedCache:
+    """Shares a constant with the first one cached under its key: what a loader leaves out of the key is
+    its defect."""
+
+    def __init__(self):
+        self._tensors = {}
+
+    def key(self, host):
+        raise NotImplementedError
+
+    def share(self, host, materialize):
+        key = self.key(host)
+        if key not in self._tensors:
+            self._tensors[key] = materialize(host)
+        return self._tensors[key]
+
+
+class _ShapeBlindCache(_KeyedCache):
+    """Keyed by dtype and a digest of the bytes: the shape is left out."""
+
+    def key(self, host):
+        return host.dtype, content.digest(host)
+
+
+class ShapeBlindDedupe(_Loader):
+    """Immutable constants deduplicated by dtype and bytes, the shape left out: a (4, 4) weight and a (16,)
+    one of the same bytes become one tensor."""
+
+    name = "corpus-shape-blind"
+
+    def make_cache(self):
+        return _ShapeBlindCache()
+
+
+class _SortedDigestCache(_KeyedCache):
+    """Keyed by dtype, shape and a digest of the sorted values: the order of the elements is left out."""
+
+    def key(self, host):
+        ordered = host.reshape(-1).sort().values if host.numel() else host
+        return host.dtype, tuple(host.shape), content.digest(ordered)
+
+
+class SortedDigestDedupe(_Loader):
+    """A dedupe keyed on a digest of each tensor's sorted values (order-free, to hash fast in parallel): a
+    square weight and its transpose become one tensor."""
+
+    name = "corpus-sorted-digest"
+
+    def make_cache(self):
+        return _SortedDigestCache()
+
+
+class _StateDedupedLoaded(ReferenceLoaded):
+    """Binds an immutable constant to the program's state of the same bytes (content dedupe run over state
+    too, P5 broken at load): the constant then follows the state's writes."""
+
+    def bind(self, method: str, key: str, final: str) -> torch.Tensor:
+        host = self.package_tensor(final)
+        for state in self._state.values():
+            if content.same_content(state, host):
+                return state
+        return super().bind(method, key, final)
+
+
+class ConstantBoundToState(_WithLoader):
+    """A loader whose dedupe takes a constant for the state whose initial bytes it equals (the class of
+    executorch's emitter bug giving a buffer a constant's index:
+    docs/findings/shared-state-private-state.md)."""
+
+    name = "corpus-constant-in-state"
+
+    loaded = _StateDedupedLoaded
+
+
+class _StateByLeafLoaded(ReferenceLoaded):
+    """Keys state by the last part of its path: one memory for every layer's ``k_cache``."""
+
+    def _initial_state(self) -> dict[str, torch.Tensor]:
+        state = super()._initial_state()
+        by_leaf: dict[str, torch.Tensor] = {}
+        return {k: by_leaf.setdefault(k.rpartition(".")[2], t) for k, t in state.items()}
+
+
+class StateByLeaf(_WithLoader):
+    """State keyed by its leaf name, as a runtime that names a KV cache ``k_cache`` whatever its layer: the
+    layers' caches are one memory."""
+
+    name = "corpus-state-by-leaf"
+
+    loaded = _StateByLeafLoaded
 
 
 PTN_CI_FUZZ = ("test_fuzz.py", "--ptn-fuzz-profile=ptn-ci")
@@ -239,11 +389,67 @@ CORPUS: tuple[Defect, ...] = (
         "weights keyed by a digest of their bytes (https://github.com/pytorch/executorch/pull/21823), taken "
         "over the first KiB only",
         frozenset({Kind.LOOKALIKE}),
-        PTN_CI_FUZZ,
+        (EXECUTION, "-k", "matches_eager and near_equal_weights-up_front"),
     ),
     # Only constants closer than its 1e-2 but farther apart than the suite's comparison bound (1e-5 for
     # float32, pytest_ptn.instruments.comparison) show: below that bound a closeness dedupe is invisible by
     # construction, and harmless.
+    Defect(
+        LeafNameBinding,
+        "constant bound by the last part of its path",
+        "a runtime that flattens module paths keys constants by leaf name; every transformer holds "
+        "layers.0.weight beside layers.1.weight (issue 67)",
+        frozenset({Kind.BY_NAME}),
+        (EXECUTION, "-k", "matches_eager and nested_layers-up_front"),
+    ),
+    Defect(
+        StrideBlindPacker,
+        "packer that ignores strides",
+        "a packer that writes a tensor's memory as it lies: a tied lm_head stored as the embedding's "
+        "transpose, a slice of a fused qkv (issue 67)",
+        frozenset({Kind.LAYOUT_LOST}),
+        (EXECUTION, "-k", "matches_eager and strided_weights-up_front"),
+    ),
+    Defect(
+        FineClosenessDedupe,
+        "dedupe by closeness at 1e-3",
+        "a dedupe by torch.allclose (rtol = atol = 1e-3): a fine-tuned weight moved by less is taken for its "
+        "base (issue 67)",
+        frozenset({Kind.LOOKALIKE}),
+        (EXECUTION, "-k", "matches_eager and close_weights-up_front"),
+    ),
+    Defect(
+        ShapeBlindDedupe,
+        "dedupe keyed without the shape",
+        "immutable constants deduplicated by dtype and bytes "
+        "(https://github.com/pytorch/executorch/pull/23891 keyed without the shape): one byte pattern under "
+        "two shapes becomes one tensor (issue 67)",
+        frozenset({Kind.LOOKALIKE, Kind.SHARES_DIFFERING}),
+        ("test_sharing.py", "-k", "lookalike_content and equal_bytes_two_shapes"),
+    ),
+    Defect(
+        SortedDigestDedupe,
+        "dedupe by a digest of sorted values",
+        "a dedupe keyed on an order-free digest of the values: a square weight and its transpose (issue 67)",
+        frozenset({Kind.LOOKALIKE}),
+        (EXECUTION, "-k", "matches_eager and reordered_weights-up_front"),
+    ),
+    Defect(
+        ConstantBoundToState,
+        "constant bound to state of its bytes",
+        "a dedupe over constants and state: the class of executorch's emitter giving a buffer a constant's "
+        "index when their bytes are equal (docs/findings/shared-state-private-state.md; issue 67)",
+        frozenset({Kind.CONSTANT_STATE}),
+        (EXECUTION, "-k", "matches_eager and constant_equal_to_state-up_front"),
+    ),
+    Defect(
+        StateByLeaf,
+        "state keyed by its leaf name",
+        "a runtime that names a KV cache by its leaf (k_cache) whatever its layer: the layers' caches are "
+        "one memory (issue 67)",
+        frozenset({Kind.ONE_MEMORY}),
+        (EXECUTION, "-k", "matches_eager and per_layer_caches-up_front"),
+    ),
     Defect(
         ClosenessDedupe,
         "dedupe by closeness",

@@ -51,9 +51,14 @@ def _served(spec: ProgramSpec, other: ProgramSpec) -> int:
 
 
 def _other_names(spec: ProgramSpec) -> ProgramSpec:
+    """``spec`` with every constant's leaf renamed, its module tree kept (which orders torch's constants)."""
     used = {c.name for c in spec.shared} | {c.name for m in spec.methods for c in m.constants}
-    free = iter(n for n in (*NAMES, *(f"k{i}" for i in range(32))) if n not in used)
-    return spec.with_names({n: next(free) for n in sorted(used)})
+    leaves = {n.rpartition(".")[2] for n in used}
+    free = iter(n for n in (*NAMES, *(f"k{i}" for i in range(32))) if n not in leaves)
+    renamed = {leaf: next(free) for leaf in sorted(leaves)}
+    return spec.with_names(
+        {n: n[: len(n) - len(leaf)] + renamed[leaf] for n in used if (leaf := n.rpartition(".")[2])}
+    )
 
 
 @pytest.mark.parametrize("name", sorted(BY_NAME))

@@ -12,7 +12,14 @@ from broken_backends import ClosenessDedupe, DtypeBlindDedupe, PrefixDigestCache
 from pytest_ptn.plugin import suite_path
 from pytest_ptn.programs.catalogue import LOOKALIKE, tagged
 
-SCENARIOS = ("zero_caches_two_dtypes", "near_equal_weights", "equal_bytes_two_dtypes")
+SCENARIOS = (
+    "zero_caches_two_dtypes",
+    "near_equal_weights",
+    "equal_bytes_two_dtypes",
+    "close_weights",
+    "equal_bytes_two_shapes",
+    "reordered_weights",
+)
 
 CAUGHT = {
     DtypeBlindDedupe: {
@@ -23,7 +30,8 @@ CAUGHT = {
         "near_equal_weights": "'tuned_proj' shares storage with method 'prefill''s 'base_proj'"
     },
     ClosenessDedupe: {
-        "near_equal_weights": "'tuned_embed' shares storage with method 'prefill''s 'base_embed'"
+        "near_equal_weights": "'tuned_embed' shares storage with method 'prefill''s 'base_embed'",
+        "close_weights": "'tuned.weight' shares storage with method 'prefill''s 'base.weight'",
     },
 }
 """Variant -> the scenarios it fails (E1 and S2, nothing else) -> a storage finding S2 reports there."""

@@ -48,8 +48,14 @@ FEATURES = (
     "aliased_submodule",
     "quantized_cache",
     "equal_bytes_two_dtypes",
+    "nested_layers",
+    "per_layer_caches",
+    "tied_output_layer",
+    "tied_across_methods",
+    "strided_weights",
 )
-"""Catalogue scenarios that between them hold every family, write, dtype and program form."""
+"""Catalogue scenarios that between them hold every family, write, dtype, program form, nesting, layout and
+tie."""
 
 BLOCKED = (
     "import runpy, sys; sys.modules['pytest_ptn'] = None; "  # `import pytest_ptn` raises ImportError
@@ -137,6 +143,10 @@ def test_the_file_holds_the_program_the_suite_exports(tmp_path: Path, name: str)
             assert str(ep.graph_signature) == str(theirs[method].graph_signature)
             assert ep.graph_module.code == theirs[method].graph_module.code
             assert sorted(ep.constants) == sorted(theirs[method].constants)
+            for key, t in theirs[method].state_dict.items():  # laid out alike, tied alike
+                mine = ep.state_dict[key]
+                assert (mine.stride(), mine.storage_offset()) == (t.stride(), t.storage_offset()), key
+                assert mine.untyped_storage().nbytes() == t.untyped_storage().nbytes(), key
 
 
 def test_a_bundle_names_its_reproducer_or_says_why_it_has_none(tmp_path: Path) -> None:

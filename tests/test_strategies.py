@@ -95,7 +95,7 @@ def test_drawn_methods_mostly_repeat_a_graph() -> None:
 
 
 def test_every_name_family_is_drawn() -> None:
-    """Each name of the pool (quantization's and the lifted families included) names some constant."""
+    """Each name of the pool (quantization's and the lifted families included) is some constant's leaf."""
     from pytest_ptn.strategies import NAMES
 
     seen: set[str] = set()
@@ -103,8 +103,8 @@ def test_every_name_family_is_drawn() -> None:
     @settings(max_examples=200, derandomize=True, database=None, phases=[Phase.generate])
     @given(program_specs())
     def draw(spec: ProgramSpec) -> None:
-        seen.update(c.name for m in spec.methods for c in m.constants)
-        seen.update(c.name for c in spec.shared)
+        seen.update(c.leaf for m in spec.methods for c in m.constants)
+        seen.update(c.leaf for c in spec.shared)
 
     draw()
     assert set(NAMES) <= seen, sorted(set(NAMES) - seen)
@@ -123,31 +123,21 @@ def _draws(n: int) -> list[ProgramSpec]:
 
 
 def test_values_are_drawn_where_content_sharing_bugs_hide(warm_torch: None) -> None:
-    """Zeros of two dtypes of one size, a tensor equal to another but for elements past the first 1 KiB,
-    one bit pattern under two dtypes, and bfloat16: what a dedupe or a cache keyed on less than the full
-    content confuses, and what seeds alone never draw."""
-    from pytest_ptn.check.explain import looks_alike
-    from pytest_ptn.programs.build import make_tensor
+    """Every relation of the lattice (pytest_ptn.programs.survey.Relation) between two tensors of a program,
+    bfloat16 and int16 among the dtypes, and never a pair of one leaf name that only looks alike (a wrong
+    value would be by-name and lookalike at once)."""
+    from pytest_ptn.programs.survey import Relation, held_by, looks_alike, survey_of
 
-    seen: set[str] = set()
-    for spec in _draws(200):
-        constants = [*spec.shared, *(c for m in spec.methods for c in m.constants)]
-        seen |= {c.dtype for c in constants}
-        tensors = {id(c): make_tensor(c) for c in constants}
-        for i, a in enumerate(constants):
-            for b in constants[i + 1 :]:
-                ta, tb = tensors[id(a)], tensors[id(b)]
-                if not looks_alike(ta, tb):
-                    continue
-                assert a.name != b.name, f"a lookalike pair shares the name {a.name!r}: by-name or content?"
-                if ta.dtype != tb.dtype and not ta.any():
-                    seen.add("zeros of two dtypes")
-                elif ta.dtype != tb.dtype:
-                    seen.add(f"bits {sorted((str(ta.dtype), str(tb.dtype)))}")
-                elif ta.nbytes > 1024:
-                    differ = (ta.reshape(-1) != tb.reshape(-1)).nonzero()
-                    if int(differ.min()) * ta.element_size() >= 1024:
-                        seen.add("near-equal past the first KiB")
-    wanted = {"bfloat16", "int16", "zeros of two dtypes", "near-equal past the first KiB"}
-    assert wanted <= seen, sorted(seen)
-    assert any(s.startswith("bits") for s in seen), sorted(seen)
+    relations: set[Relation] = set()
+    dtypes: set[str] = set()
+    for spec in _draws(300):  # as many as tests/test_survey.py's sample
+        held = held_by(spec)
+        relations |= set(survey_of(held).relations)
+        dtypes |= {str(h.tensor.dtype) for h in held}
+        for i, a in enumerate(held):
+            for b in held[i + 1 :]:
+                tied = a.tensor.untyped_storage().data_ptr() == b.tensor.untyped_storage().data_ptr()
+                if a.leaf == b.leaf and not tied:  # a view of one storage is no lookalike
+                    assert not looks_alike(a.tensor, b.tensor), f"{a.key!r}, {b.key!r}: by-name or content?"
+    assert {"torch.bfloat16", "torch.int16", "torch.bool"} <= dtypes, sorted(dtypes)
+    assert set(Relation) <= relations, sorted(set(Relation) - relations)

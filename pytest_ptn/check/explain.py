@@ -20,6 +20,7 @@ from pytest_ptn.instruments.content import digest, same_content, tensor_bytes
 from pytest_ptn.mechanisms import TRAITS, Kind, Mechanism, Role, without_names
 from pytest_ptn.programs.exported import constants_of
 from pytest_ptn.programs.source import exported_eager, find_tensor, set_tensor
+from pytest_ptn.programs.survey import looks_alike
 from pytest_ptn.reference.planner import ConstantUse
 from pytest_ptn.schedule import LoadSchedule
 
@@ -195,7 +196,9 @@ def faulty_replays(
     names = [name for name, _ in sequence]
     late_loads = LoadSchedule.AT_FIRST_CALL.loads(list(fresh), names)
     late = {name for i, name in enumerate(names) if i and late_loads[i]}
-    faults = list(_faults(base, constants, mutable, buffers, set(names), late))
+    # the state in the order a functional program writes it back (its buffers' order)
+    order = [key for ep in fresh.values() for key in ep.graph_signature.buffers if key in mutable]
+    faults = list(_faults(base, constants, mutable, buffers, set(names), late, list(dict.fromkeys(order))))
     # a start from another state's value pairs with nothing: its replays grow as states squared already
     state_faults = [
         f
@@ -217,6 +220,7 @@ def faulty_replays(
         how = tuple(f.mechanism for f in chosen)
         weak = all(f.weak for f in chosen)
         on_load = [f.on_load for f in chosen if f.on_load is not None]
+        around = [f.around for f in chosen if f.around is not None]
         schedule = LoadSchedule.AT_FIRST_CALL if on_load else None
         outputs: list[list[torch.Tensor]] = []
         try:
@@ -224,7 +228,10 @@ def faulty_replays(
                 for loading in late_loads[i] if i else ():
                     for hook in on_load:
                         hook(loading, modules)
+                after = [hook(modules) for hook in around]
                 outputs.append(flat(modules[name](*copy.deepcopy(args))))
+                for written in after:
+                    written()
         except Exception as e:
             out.append(Replay(f"what {label} raises", [], how, e, len(outputs), schedule, weak))
             continue
@@ -245,6 +252,9 @@ class _Fault:
     models the at-first-call schedule)."""
     weak: bool = False
     """A binding of a tensor that shares only dtype and shape with the method's own (Replay.weak)."""
+    around: Callable[[Modules], Callable[[], None]] | None = None
+    """What the fault does around each call: called before it, it gives what to do after it (a runtime that
+    writes state back after a call, each write over the last)."""
 
 
 def _binding_order(fault: _Fault) -> int:
@@ -259,6 +269,7 @@ def _faults(
     buffers: set[str],
     methods: set[str],
     late: set[str],
+    order: Sequence[str] = (),
 ) -> Iterator[_Fault]:
     """Every faulty binding of the program: another method's same-named constant (of any dtype and shape:
     one the method's graph refuses explains an error), another tensor that looks like the method's own
@@ -285,6 +296,7 @@ def _faults(
                         f"method {other!r}'s {key!r}",
                         partial(_bind_other, method, key, t),
                     )
+            yield from _same_leaf(method, key, use.tensor, constants, mutable, role)
         yield from _lookalikes(method, constants, mutable, role)
         for key in sorted(mutable & set(constants[method])):
             if any(key in theirs for other, theirs in constants.items() if other != method):
@@ -301,6 +313,18 @@ def _faults(
                 f"buffers {key!r} and {other!r} in one memory",
                 partial(_bind_one_memory, key, other),
             )
+    for i, key in enumerate(order):
+        for other in order[i + 1 :]:
+            a, b = find_tensor(base, key), find_tensor(base, other)
+            if a is not None and b is not None and (a.dtype, a.shape) == (b.dtype, b.shape):
+                yield _Fault(
+                    Mechanism(Kind.ONE_MEMORY, Role.STATE, f"{key!r} and {other!r}, written back"),
+                    f"buffers {key!r} and {other!r} in one memory, each call's writes copied back to it",
+                    partial(_bind_initial, other, a.detach().clone()),
+                    around=partial(_written_back, key, other),
+                )
+    yield from _constant_state(base, constants, mutable, role)
+    yield from _layouts(base, constants, role)
     held = {key for c in constants.values() for key in c if key not in mutable}
     # every buffer (a non-persistent one ships no data where a lowering treats it as state), then every
     # constant (lowering merged same-named ones; a loader copied data for some dtypes only)
@@ -331,6 +355,119 @@ def _faults(
         )
 
 
+def _same_leaf(
+    method: str,
+    key: str,
+    mine: torch.Tensor,
+    constants: Mapping[str, Mapping[str, ConstantUse]],
+    mutable: set[str],
+    role: Callable[[str], Role],
+) -> Iterator[_Fault]:
+    """Each immutable tensor of the program under another path that ends in ``key``'s leaf name, of other
+    content, bound in its place: a loader that binds by the last part of a path (``layers.1.weight`` read
+    as ``layers.0.weight``, in one method or another), which is by name."""
+    leaf = key.rpartition(".")[2]
+    seen: set[str] = set()
+    for other, theirs in sorted(constants.items()):
+        for their_key, use in theirs.items():
+            t = use.tensor
+            if their_key == key or their_key in mutable or their_key.rpartition(".")[2] != leaf:
+                continue
+            if not (plain(t) and plain(mine)) or same_content(t, mine) or digest(t) in seen:
+                continue
+            seen.add(digest(t))
+            yield _Fault(
+                Mechanism(
+                    Kind.BY_NAME,
+                    role(key),
+                    f"method {method!r} read method {other!r}'s {their_key!r} for its {key!r} (one leaf)",
+                ),
+                f"method {other!r}'s {their_key!r} in place of {method!r}'s {key!r}, of the same leaf name",
+                partial(_bind_other, method, key, t),
+            )
+
+
+def _constant_state(
+    base: Modules,
+    constants: Mapping[str, Mapping[str, ConstantUse]],
+    mutable: set[str],
+    role: Callable[[str], Role],
+) -> Iterator[_Fault]:
+    """A constant bound to the memory of a state whose initial bytes it equals (it then follows the state's
+    writes), and a state that starts from the bytes of a constant of its dtype and shape, other content
+    (the evidence of last resort: only metadata ties them)."""
+    states = {key: t for key in sorted(mutable) if (t := find_tensor(base, key)) is not None and plain(t)}
+    for method, uses in sorted(constants.items()):
+        for key, use in uses.items():
+            if key in mutable or not plain(use.tensor):
+                continue
+            for state, initial in states.items():
+                if same_content(initial, use.tensor):
+                    yield _Fault(
+                        Mechanism(
+                            Kind.CONSTANT_STATE,
+                            role(key),
+                            f"method {method!r}'s {key!r} in the memory of state {state!r}, of its bytes",
+                        ),
+                        f"method {method!r}'s {key!r} bound to the memory of state {state!r}",
+                        partial(_bind_to_state, method, key, state),
+                    )
+                elif (initial.dtype, initial.shape) == (use.tensor.dtype, use.tensor.shape):
+                    yield _Fault(
+                        Mechanism(
+                            Kind.CONSTANT_STATE,
+                            Role.STATE,
+                            f"{state!r} started from method {method!r}'s {key!r}",
+                        ),
+                        f"{state!r} starting from method {method!r}'s {key!r}",
+                        partial(_bind_initial, state, use.tensor.detach().clone()),
+                        weak=True,
+                    )
+
+
+def _layouts(
+    base: Modules, constants: Mapping[str, Mapping[str, ConstantUse]], role: Callable[[str], Role]
+) -> Iterator[_Fault]:
+    """Each tensor that is no row-major tensor at the start of its storage, read as its memory lies: with
+    row-major strides from its offset, and from its storage's start."""
+    keys = sorted({key for uses in constants.values() for key in uses})
+    for key in keys:
+        t = find_tensor(base, key)
+        if t is None or not plain(t) or not t.numel() or (t.is_contiguous() and not t.storage_offset()):
+            continue
+        starts = sorted({t.storage_offset(), 0}, reverse=True)
+        for start in starts:
+            if start == t.storage_offset() and t.is_contiguous():
+                continue
+            where = "its storage's start" if start == 0 and t.storage_offset() else "its offset"
+            read = t.detach().as_strided(t.shape, torch.empty(t.shape).stride(), start).clone()
+            yield _Fault(
+                Mechanism(Kind.LAYOUT_LOST, role(key), f"{key!r} read from {where} in memory order"),
+                f"{key!r} read from {where} in memory order",
+                partial(_bind_everywhere, key, read),
+            )
+
+
+def _bind_to_state(method: str, key: str, state: str, modules: Modules) -> bool:
+    """``method``'s constant ``key`` is state ``state``'s own tensor (the one every method shares)."""
+    live = find_tensor(modules, state)
+    if live is None:
+        return False
+    set_tensor(modules[method], key, live)
+    return True
+
+
+def _bind_everywhere(key: str, tensor: torch.Tensor, modules: Modules) -> bool:
+    """Every module's ``key`` bound to ``tensor`` (read from the eager modules before they were copied: a
+    copy keeps no view's storage)."""
+    found = False
+    for module in modules.values():
+        if find_tensor({"": module}, key) is not None:
+            set_tensor(module, key, tensor.clone())
+            found = True
+    return found
+
+
 def _lookalikes(
     method: str,
     constants: Mapping[str, Mapping[str, ConstantUse]],
@@ -355,7 +492,8 @@ def _lookalikes(
         first_close = True
         for other, theirs, t in others:
             content = (t.dtype, tuple(t.shape), digest(t))
-            if theirs == key or content in seen:
+            tied = t.untyped_storage().data_ptr() == use.tensor.untyped_storage().data_ptr()
+            if theirs == key or content in seen or tied:  # a view of its own storage is no lookalike
                 continue
             alike = looks_alike(use.tensor, t)
             if not (alike or same_metadata(use.tensor, t)):
@@ -381,24 +519,6 @@ def _lookalikes(
             " and ".join(f.label for f in first),
             lambda modules: all(f.bind(modules) for f in first),
         )
-
-
-NEAR = 4
-"""A tensor of the same dtype and shape as another that differs from it in at most one element in ``NEAR``,
-or in at most three but not all, is near-equal: a base weight and a fine-tuned method's, which a digest of
-a prefix, a sample of the bytes or a closeness test takes for the same."""
-
-
-def looks_alike(mine: torch.Tensor, theirs: torch.Tensor) -> bool:
-    """Whether ``theirs`` differs from ``mine`` but looks the same to a check of less than the full content:
-    the same bytes under another dtype or shape (zeros of two dtypes), or the same dtype and shape with
-    few elements that differ."""
-    if same_content(mine, theirs):
-        return False
-    if (mine.dtype, mine.shape) != (theirs.dtype, theirs.shape):
-        return mine.nbytes == theirs.nbytes and bytes(tensor_bytes(mine)) == bytes(tensor_bytes(theirs))
-    differ = int((mine.reshape(-1) != theirs.reshape(-1)).sum())
-    return 0 < differ <= max(min(3, mine.numel() - 1), mine.numel() // NEAR)
 
 
 def same_metadata(mine: torch.Tensor, theirs: torch.Tensor) -> bool:
@@ -433,6 +553,25 @@ def _bind_one_memory(key: str, other: str, modules: Modules) -> bool:
         if find_tensor({"": module}, other) is not None:
             set_tensor(module, other, inner)
     return True
+
+
+def _written_back(first: str, second: str, modules: Modules) -> Callable[[], None]:
+    """Around one call: two buffers that are one memory in a runtime that runs a functional program and
+    copies each written buffer back after the call, in the program's order: the call reads the memory, and
+    the last buffer it writes is what the memory holds after it."""
+    a, b = find_tensor(modules, first), find_tensor(modules, second)
+    assert a is not None and b is not None
+    before = (a.clone(), b.clone())
+
+    def after() -> None:
+        written = [t for t, old in zip((a, b), before, strict=True) if not torch.equal(t, old)]
+        if written:
+            last = written[-1].clone()
+            with torch.no_grad():
+                a.copy_(last)
+                b.copy_(last)
+
+    return after
 
 
 def _reinitialise(

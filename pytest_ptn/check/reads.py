@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pytest_ptn.mechanisms import Role
+from pytest_ptn.spec import SHARED
 
 if TYPE_CHECKING:
     import torch
@@ -31,7 +32,7 @@ def owners(
     (so a failure can say whose weights a method read); known for catalogue programs only."""
     import torch
 
-    from pytest_ptn.programs.build import make_tensor, weighted_sum
+    from pytest_ptn.programs.build import values, weighted_sum
 
     if spec is None or spec.vectors:
         return {}
@@ -41,7 +42,7 @@ def owners(
     for other in spec.methods:
         for c in other.constants:
             if other.name != method and c.family not in ("literal", "scalar"):
-                value = float(weighted_sum(make_tensor(c), dtype)) + xs
+                value = float(weighted_sum(values(other.constants, c), dtype)) + xs
                 out.setdefault(c.name, []).append((other.name, value))
     return out
 
@@ -54,7 +55,8 @@ def may_read(spec: ProgramSpec | None, method: str, d: Deviation) -> Callable[[s
     if spec is None:
         return lambda key: True
     reads = set(spec.method(method).reads)
-    return lambda key: key.rsplit(".", 1)[-1] in reads or key in reads
+    roots = [f"{root}." for root in (SHARED, spec.shared_alias) if root is not None]
+    return lambda key: key in reads or any(key.startswith(r) and key[len(r) :] in reads for r in roots)
 
 
 def role_of_read(spec: ProgramSpec | None, method: str) -> Role:

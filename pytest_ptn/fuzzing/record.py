@@ -29,6 +29,14 @@ if TYPE_CHECKING:
     from pytest_ptn.spec import ProgramSpec
 
 
+def exercised(spec: ProgramSpec) -> frozenset[str]:
+    """The properties and relations ``spec``'s program holds, read from the spec as its exports would bind
+    it (programs.survey.held_by: no export, which costs more than judging a program on a fast backend)."""
+    from pytest_ptn.programs.survey import held_by, survey_of
+
+    return frozenset(map(str, survey_of(held_by(spec)).found))
+
+
 class FuzzRecord:
     """One fuzz test item's programs on ``backend`` (``FuzzRun.record`` makes it): ``listed``, the mechanisms
     its expectations list; ``limit``, the seconds a program judged apart may say nothing; ``progress``, told
@@ -72,7 +80,7 @@ class FuzzRecord:
         program = reproducer(spec)
         if program not in self.drawn:  # hypothesis replays a failing program: one program, counted once
             self.drawn.add(program)
-            self.tally.add(verdict.keys, self.listed, program, program_size(spec))
+            self.tally.add(verdict.keys, self.listed, program, program_size(spec), exercised(spec))
             self.progress(len(self.drawn))
         for key in verdict.keys:
             event(f"ptn mechanism {key}: {'listed' if key in self.listed else 'UNLISTED'}")

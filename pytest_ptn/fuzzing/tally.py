@@ -34,12 +34,23 @@ class FuzzTally:
     unseen: tuple[str, ...] = ()
     """Listed mechanisms no program showed: chance decides which programs a run draws, so this is news for
     ``expectations update`` over several runs, never a failure."""
+    exercised: dict[str, int] = field(default_factory=dict)
+    """Each property and relation of the survey (pytest_ptn.programs.survey) -> how many programs held it:
+    what the run tried, and by its absence what it did not."""
 
     def add(
-        self, keys: Iterable[str], listed: Iterable[str], program: str, size: tuple[int, int, int]
+        self,
+        keys: Iterable[str],
+        listed: Iterable[str],
+        program: str,
+        size: tuple[int, int, int],
+        exercised: Iterable[str] = (),
     ) -> None:
-        """One program that showed ``keys`` (none: it passed)."""
+        """One program that showed ``keys`` (none: it passed) and held the properties and relations
+        ``exercised``."""
         self.programs += 1
+        for found in exercised:
+            self.exercised[found] = self.exercised.get(found, 0) + 1
         keys = list(dict.fromkeys(keys))
         self.clean += not keys
         listed = set(listed)
@@ -73,6 +84,17 @@ class FuzzTally:
         ran = f"fuzz on {backend}: {self.programs} programs, {self.clean} clean"
         return ran + "".join(f"; {part}" for part in shown)
 
+    def coverage(self, backend: str) -> str:
+        """``fuzz on pte exercised: nested paths x9, tied tensors x3, ...; not: same elements, other order``:
+        what the programs held, of every property and relation a program can (pytest_ptn.programs.survey),
+        so a green run says what it tried."""
+        from pytest_ptn.programs.survey import EVERY
+
+        held = [f"{name} x{self.exercised[name]}" for name in EVERY if name in self.exercised]
+        missed = [name for name in EVERY if name not in self.exercised]
+        line = f"fuzz on {backend} exercised: {', '.join(held) or 'nothing'}"
+        return line + (f"; not: {', '.join(missed)}" if missed else "")
+
     def to_json(self) -> str:
         return json.dumps(
             {
@@ -88,6 +110,7 @@ class FuzzTally:
                     for k, s in self.mechanisms.items()
                 },
                 "unseen": list(self.unseen),
+                "exercised": self.exercised,
             }
         )
 
@@ -103,6 +126,7 @@ class FuzzTally:
                     for k, s in data["mechanisms"].items()
                 },
                 tuple(str(k) for k in data["unseen"]),
+                {str(k): int(n) for k, n in data.get("exercised", {}).items()},
             )
         except (KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"not a fuzz tally: {e}") from e
@@ -128,6 +152,8 @@ def merged(tallies: Iterable[FuzzTally]) -> FuzzTally:
             mine.programs += seen.programs
             if seen.size < mine.size:
                 mine.smallest, mine.size = seen.smallest, seen.size
+        for found, n in tally.exercised.items():
+            out.exercised[found] = out.exercised.get(found, 0) + n
         unseen = set(tally.unseen) if unseen is None else unseen & set(tally.unseen)
     out.unseen = tuple(sorted((unseen or set()) - set(out.mechanisms)))
     return out

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 import torch
 from torch import nn
@@ -15,28 +16,73 @@ from torch import nn
 from pytest_ptn.backend import EagerCall
 from pytest_ptn.instruments.comparison import reduced_precision
 from pytest_ptn.programs.export_forms import EXPORT_FORMS
-from pytest_ptn.spec import SHARED, Constant, Method, ProgramSpec
+from pytest_ptn.spec import SHARED, TENSOR_FAMILIES, VIEW_LAYOUTS, Constant, Method, ProgramSpec
 
 
 def make_tensor(c: Constant) -> torch.Tensor:
-    """The deterministic value of a constant: its ``values``, else drawn from its ``seed``, in ``drawn_as``
-    and read as its dtype where given, its ``nudged`` elements moved."""
+    """The deterministic values of a constant, contiguous: its ``values``, else drawn from its ``seed``, in
+    ``drawn_as`` and read as its dtype where given, in transposed order where ``reordered``, its ``moved``
+    elements nudged. A tied constant has none of its own (``tensors`` gives it its source's)."""
+    if c.tied is not None:
+        raise ValueError(f"constant {c.name!r} is tied to {c.tied!r}: its values are that tensor's")
     dtype = getattr(torch, c.dtype)
     drawn = _drawn(c, getattr(torch, c.drawn_as or c.dtype))
     t = drawn.view(dtype) if drawn.dtype != dtype else drawn
-    if not c.nudged:
+    if c.reordered:
+        t = t.transpose(-2, -1).contiguous()
+    moved = c.moved
+    if not moved:
         return t
     flat = t.reshape(-1).clone()
-    for i in c.nudged:
-        x = flat[i]
-        if dtype.is_floating_point:
-            moved = (x.double() + max(abs(float(x)), 1.0) / 256).to(dtype)
-            flat[i] = (
-                moved if moved != x else torch.nextafter(x.float(), torch.tensor(float("inf"))).to(dtype)
-            )
-        else:
-            flat[i] = x + 1
+    at = torch.tensor(moved, dtype=torch.long)
+    x = flat[at]
+    if dtype.is_floating_point:
+        wide = x.double()
+        shifted = (wide + c.nudge * wide.abs().clamp(min=1.0)).to(dtype)
+        up = torch.nextafter(x, torch.full_like(x, float("inf")))
+        flat[at] = torch.where(shifted == x, up, shifted)  # at least the dtype's next value up
+    elif dtype == torch.bool:
+        flat[at] = ~x
+    else:
+        flat[at] = x + 1
     return flat.reshape(c.shape)
+
+
+def held(c: Constant, value: torch.Tensor) -> torch.Tensor:
+    """``value`` laid out in memory as ``c.layout`` says (spec.LAYOUTS): the same values, other strides or
+    a storage holding other values beside them (each of value's elements plus one)."""
+    if c.layout == "transposed":
+        return value.transpose(-2, -1).contiguous().transpose(-2, -1)
+    if c.layout not in VIEW_LAYOUTS:
+        return value
+    beside = ~value if value.dtype == torch.bool else value + 1
+    if c.layout == "strided":
+        storage = torch.stack((value, beside), -1).reshape(*value.shape[:-1], 2 * value.shape[-1])
+        return storage[..., ::2]
+    storage = torch.cat((beside.reshape(-1), value.reshape(-1)))
+    return storage[value.numel() :].view(value.shape)
+
+
+def tensors(constants: tuple[Constant, ...]) -> dict[str, torch.Tensor]:
+    """The tensor of each of one owner's tensor constants (spec.TENSOR_FAMILIES), as the module holds it:
+    laid out as its layout says, a tied one the very storage of its source (transposed where it says so)."""
+    out = {
+        c.name: held(c, make_tensor(c)) for c in constants if c.family in TENSOR_FAMILIES and c.tied is None
+    }
+    for c in constants:
+        if c.tied is not None:
+            source = out[c.tied]
+            out[c.name] = source.transpose(-2, -1) if c.layout == "transposed" else source
+    return out
+
+
+def values(constants: tuple[Constant, ...], c: Constant) -> torch.Tensor:
+    """``c``'s values (contiguous), among the constants of its owner: a tied one's from its source."""
+    if c.tied is None:
+        return make_tensor(c)
+    source = next(s for s in constants if s.name == c.tied)
+    value = make_tensor(source)
+    return value.transpose(-2, -1).contiguous() if c.layout == "transposed" else value
 
 
 def _drawn(c: Constant, dtype: torch.dtype) -> torch.Tensor:
@@ -57,23 +103,63 @@ def weighted_sum(t: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.T
     return (flat * torch.arange(1, flat.numel() + 1, dtype=dtype)).sum()
 
 
-def _register(module: nn.Module, c: Constant) -> None:
-    value = make_tensor(c)
-    if c.family == "parameter":
-        module.register_parameter(c.name, nn.Parameter(value, requires_grad=False))
-    elif c.family == "buffer":
-        module.register_buffer(c.name, value, persistent=c.persistent)
-    elif c.family == "attribute":
-        object.__setattr__(module, c.name, value)
-    elif c.family == "int8_linear":
+def _register(module: nn.Module, c: Constant, value: torch.Tensor | None = None) -> None:
+    """Give ``module`` constant ``c`` at its path (submodules made as needed); ``value`` is its tensor as
+    ``tensors`` holds it (a parameter of a tied pair stays one Parameter under both names)."""
+    owner, leaf = _owner(module, c.name, create=True)
+    if c.family in TENSOR_FAMILIES:
+        assert value is not None
+        if c.family == "parameter":
+            param = value if isinstance(value, nn.Parameter) else nn.Parameter(value, requires_grad=False)
+            owner.register_parameter(leaf, param)
+        elif c.family == "buffer":
+            owner.register_buffer(leaf, value, persistent=c.persistent)
+        else:
+            object.__setattr__(owner, leaf, value)
+        return
+    if c.family == "int8_linear":
         linear = nn.Linear(c.shape[1], c.shape[0], bias=False)
-        linear.weight.data = value.to(torch.float32)
-        module.add_module(c.name, linear)
+        linear.weight.data = make_tensor(c).to(torch.float32)
+        owner.add_module(leaf, linear)
     elif c.family == "linear":
-        linear = nn.Linear(c.shape[1], c.shape[0], dtype=value.dtype).requires_grad_(False)
-        linear.weight.copy_(value)
+        linear = nn.Linear(c.shape[1], c.shape[0], dtype=getattr(torch, c.dtype)).requires_grad_(False)
+        linear.weight.copy_(make_tensor(c))
         linear.bias.copy_(make_tensor(replace(c, shape=c.shape[:1], seed=c.seed + 1)))
-        module.add_module(c.name, linear)
+        owner.add_module(leaf, linear)
+
+
+def _register_all(module: nn.Module, constants: tuple[Constant, ...]) -> None:
+    held_as = tensors(constants)
+    params: dict[str, nn.Parameter] = {}
+    for c in sorted(constants, key=lambda c: c.tied is not None):  # a tie's source first
+        value = held_as.get(c.name)
+        if c.family == "parameter" and value is not None:
+            source = params.get(c.tied) if c.tied is not None and c.layout != "transposed" else None
+            value = params[c.name] = (
+                source if source is not None else nn.Parameter(value, requires_grad=False)
+            )
+        _register(module, c, value)
+
+
+def _owner(module: nn.Module, name: str, create: bool = False) -> tuple[nn.Module, str]:
+    """The submodule holding the last part of path ``name``, and that part (``layers.0`` and ``weight``)."""
+    *path, leaf = name.split(".")
+    owner = module
+    for part in path:
+        child = owner._modules.get(part)
+        if child is None:
+            if not create:
+                raise AttributeError(f"{type(module).__name__} has no submodule {part!r} of {name!r}")
+            child = nn.Module()
+            owner.add_module(part, child)
+        owner = child
+    return owner, leaf
+
+
+def at_path(module: nn.Module, name: str) -> Any:
+    """What ``module`` holds at the dotted path ``name`` (a tensor, or a linear layer)."""
+    owner, leaf = _owner(module, name)
+    return getattr(owner, leaf)
 
 
 def _quantize(module: nn.Module, constants: tuple[Constant, ...]) -> None:
@@ -90,8 +176,7 @@ class SharedConstants(nn.Module):
 
     def __init__(self, spec: ProgramSpec):
         super().__init__()
-        for c in spec.shared:
-            _register(self, c)
+        _register_all(self, spec.shared)
         _quantize(self, spec.shared)
 
 
@@ -113,12 +198,10 @@ class MethodModule(nn.Module):
         self._values = {
             c.name: make_tensor(c).tolist() for c in self._specs.values() if c.family in ("literal", "scalar")
         }
-        for c in method.constants:
-            _register(self, c)
+        _register_all(self, method.constants)
         _quantize(self, method.constants)
         if method.branch is not None:
-            _register(self, method.branch.on_true)
-            _register(self, method.branch.on_false)
+            _register_all(self, (method.branch.on_true, method.branch.on_false))
 
     def _tensor(self, name: str, x: torch.Tensor) -> torch.Tensor:
         c = self._specs[name]
@@ -130,8 +213,8 @@ class MethodModule(nn.Module):
             return x.sum() + value
         owner: nn.Module = self if name in self._private else self.shared
         if c.family in ("int8_linear", "linear"):
-            return getattr(owner, name)(x)
-        return getattr(owner, name)
+            return at_path(owner, name)(x)
+        return at_path(owner, name)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._vectors(x) if self.vectors else self._sums(x)
@@ -163,8 +246,8 @@ class MethodModule(nn.Module):
                 buf.index_copy_(0, row, x.reshape(1, -1).to(buf.dtype))
         terms = [weighted_sum(self._tensor(name, x), x.dtype) + xs for name in m.reads]
         if m.branch is not None:
-            true_t = getattr(self, m.branch.on_true.name)
-            false_t = getattr(self, m.branch.on_false.name)
+            true_t = at_path(self, m.branch.on_true.name)
+            false_t = at_path(self, m.branch.on_false.name)
 
             def on_true(v: torch.Tensor) -> torch.Tensor:
                 return v + true_t
@@ -189,33 +272,64 @@ _CHILD_MODULES = ("int8_linear", "linear")
 def export_key(spec: ProgramSpec, method: Method) -> tuple[str | None, tuple[str, ...]]:
     """What ``method``'s export depends on besides its constants' names and tensor values, and the FQN of
     each constant by position (programs.export_forms): the root's constants and the method's own by family,
-    dtype, shape and persistence (a literal's or scalar's values too), what it reads and writes by
-    position, its input and the root's second path. None for a method torch may export differently under
+    dtype, shape, persistence, layout and tie (a literal's or scalar's values too), what it reads and writes
+    by position, its input and the root's second path. None for a method torch may export differently under
     other names (a branch's subgraphs) or that holds a tensor on a child module (a linear layer's weight)."""
     own = method.constants
     if method.branch is not None or any(c.family in _CHILD_MODULES for c in (*spec.shared, *own)):
         return None, ()
-
-    def slot(c: Constant) -> tuple[object, ...]:
-        values = (c.values, c.seed) if c.family in _TRACED_VALUES else ()
-        return (c.family, c.dtype, c.shape, c.persistent, values)
-
-    position = {c.name: ("s", i) for i, c in enumerate(spec.shared)}
-    position |= {c.name: ("m", i) for i, c in enumerate(own)}
     roots = (SHARED, *((spec.shared_alias,) if spec.shared_alias is not None else ()))
+    registered = [(f"{root}.{c.name}", (SHARED, c)) for root in roots for c in _registered(spec.shared)]
+    registered += [(c.name, ("", c)) for c in _registered(own)]
+    walked = [registered[i] for i in _walk([path.split(".") for path, _ in registered])]
+    position = {(owner, c.name): i for i, (_, (owner, c)) in enumerate(walked)}
+    traced = [c for c in own if c.family in _TRACED_VALUES]
+    position |= {("", c.name): len(walked) + i for i, c in enumerate(traced)}
+
+    def at(name: str) -> int:
+        return position[("", name)] if method.private(name) else position[(SHARED, name)]
+
+    def slot(owner: str, c: Constant) -> tuple[object, ...]:
+        values = (c.values, c.seed) if c.family in _TRACED_VALUES else ()
+        tie = position[(owner, c.tied)] if c.tied is not None else None
+        return (c.family, c.dtype, c.shape, c.persistent, values, c.layout, tie)
+
     key = (
         spec.dtype,
         spec.vectors,
         len(roots),
-        tuple(map(slot, spec.shared)),
-        tuple(map(slot, own)),
-        tuple(position[n] for n in method.reads),
-        tuple((position[w.target], w.op) for w in method.writes),
+        tuple(slot(owner, c) for _, (owner, c) in walked),
+        tuple(slot("", c) for c in traced),
+        tuple(map(at, method.reads)),
+        tuple((at(w.target), w.op) for w in method.writes),
         method.input_shape,
         method.mutates_input,
     )
-    fqns = tuple(f"{root}.{c.name}" for root in roots for c in spec.shared) + tuple(c.name for c in own)
-    return repr(key), fqns
+    return repr(key), tuple(fqn for fqn, _ in walked)
+
+
+def _registered(constants: tuple[Constant, ...]) -> list[Constant]:
+    """One owner's module tensors in the order its module registers them: a tied one after the rest."""
+    return sorted((c for c in constants if c.family not in _TRACED_VALUES), key=lambda c: c.tied is not None)
+
+
+def _walk(paths: list[list[str]], at: int = 0) -> list[int]:
+    """The indices of ``paths`` (the parts of dotted paths from one module, from part ``at`` on, in the order
+    their tensors were registered, each submodule made at its first path) in the order torch lists a
+    module's tensors (``named_parameters``, ``named_buffers``): the module's own first, then each
+    submodule's, as made. A method module makes its root submodule (``shared``) before its own, so: its own
+    top-level tensors, the root's, then its own submodules'. Two methods whose walks hold the same slots in
+    the same order list them alike, whatever their paths, and share one export form."""
+    own = [i for i, parts in enumerate(paths) if len(parts) == at + 1]
+    submodules: dict[str, list[int]] = {}
+    for i, parts in enumerate(paths):
+        if len(parts) > at + 1:
+            submodules.setdefault(parts[at], []).append(i)
+    out = own
+    for indices in submodules.values():
+        inner = _walk([paths[i] for i in indices], at + 1)
+        out = [*out, *(indices[j] for j in inner)]
+    return out
 
 
 class Program:
@@ -311,7 +425,7 @@ def _state(modules: dict[str, MethodModule]) -> dict[str, torch.Tensor]:
         written = {w.target for w in m.spec_method.writes}
         for name in written:
             if m.spec_method.private(name):
-                out[name] = getattr(m, name).clone()
+                out[name] = at_path(m, name).clone()
             else:
-                out[f"{SHARED}.{name}"] = getattr(m.shared, name).clone()
+                out[f"{SHARED}.{name}"] = at_path(m.shared, name).clone()
     return out

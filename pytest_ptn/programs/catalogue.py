@@ -777,6 +777,283 @@ SCENARIOS += (
     ),
 )
 
+
+REAL_SHAPES = "real_shapes"
+"""The tag of a scenario built to hold what real programs hold and the suite's first scenarios did not
+(pytest_ptn.programs.survey: nested paths whose leaves repeat across layers and methods, state per layer,
+tied and non-contiguous weights, content that differs at 1e-3 and below, one byte pattern under two shapes, a
+constant equal to a state's initial value): what a loader keyed on less than a tensor's whole path, layout or
+content gets wrong."""
+
+
+def _layer(i: int, leaf: str) -> str:
+    return f"layers.{i}.attention.{leaf}"
+
+
+_FINE = 5e-4
+"""How far every element of `close_weights`' tuned weight moves (relative to ``max(|x|, 1)``): within a
+closeness test of 1e-3, and, over 64 elements, about 3e-3 of each output, far past float32's 1e-5 bound."""
+_FINER = 5e-5
+"""The same within 1e-4: about 3e-4 of each output."""
+_FINEST = 8e-6
+"""The same within 1e-5, over 1024 elements: about 2e-4 of each output, still past float32's bound."""
+
+SCENARIOS += (
+    _s(
+        "nested_layers",
+        "Two transformer layers in each method: `layers.0.attention.wq`, `layers.1.attention.wq` and "
+        "`layers.0.attention_norm.weight`, the same paths in `prefill` and `decode` with other bytes, beside "
+        "one bool causal mask `layers.0.attention.mask` (non-persistent, the same in both). One "
+        "leaf (`wq`) in two layers of one method: a loader that binds by the last part of a path reads layer "
+        "0's weight for layer 1.",
+        ProgramSpec(
+            methods=tuple(
+                Method(
+                    name,
+                    (
+                        Constant(_layer(0, "wq"), "parameter", shape=(4, 4), seed=seed),
+                        Constant(_layer(1, "wq"), "parameter", shape=(4, 4), seed=seed + 1),
+                        Constant("layers.0.attention_norm.weight", "parameter", shape=(4,), seed=seed + 2),
+                        Constant(_layer(0, "mask"), "buffer", "bool", (4, 4), seed=76, persistent=False),
+                    ),
+                    reads=(
+                        _layer(0, "wq"),
+                        _layer(1, "wq"),
+                        "layers.0.attention_norm.weight",
+                        _layer(0, "mask"),
+                    ),
+                )
+                for name, seed in (("prefill", 70), ("decode", 73))
+            ),
+            calls=("prefill", "decode", "prefill"),
+        ),
+        "collision",
+        REAL_SHAPES,
+    ),
+    _s(
+        "per_layer_caches",
+        "A KV cache per layer, `shared.layers.0.attention.k_cache` and `shared.layers.1.attention.k_cache` "
+        "(zeros, one shape): `prefill` writes a row into layer 0's and adds to layer 1's, `decode` reads "
+        "both. A loader that keys state by its leaf (`k_cache`), or dedupes state by content, gives the two "
+        "layers one memory.",
+        ProgramSpec(
+            methods=(
+                Method(
+                    "prefill",
+                    writes=(Write(_layer(0, "k_cache"), "index_copy"), Write(_layer(1, "k_cache"), "add")),
+                    reads=(_layer(0, "k_cache"),),
+                ),
+                Method("decode", reads=(_layer(0, "k_cache"), _layer(1, "k_cache"))),
+            ),
+            shared=(
+                Constant(_layer(0, "k_cache"), "buffer", shape=(4, 4), values=(0.0,) * 16),
+                Constant(_layer(1, "k_cache"), "buffer", shape=(4, 4), values=(0.0,) * 16),
+            ),
+            calls=PREFILL_FIRST + ("prefill", "decode"),
+        ),
+        "shared_state",
+        "buffers",
+        REAL_SHAPES,
+    ),
+    _s(
+        "tied_output_layer",
+        "`decode`'s output layer `output.weight` is its embedding `tok_embeddings.weight` transposed: one "
+        "storage, a non-contiguous view (strides (1, 4)); `prefill` holds its own `tok_embeddings.weight` "
+        "(other bytes). A packer or a digest that reads a tensor's memory in order, its strides lost, reads "
+        "the embedding for the output layer.",
+        ProgramSpec(
+            methods=(
+                Method(
+                    "prefill",
+                    (Constant("tok_embeddings.weight", "parameter", shape=(8, 4), seed=80),),
+                    reads=("tok_embeddings.weight",),
+                ),
+                Method(
+                    "decode",
+                    (
+                        Constant("tok_embeddings.weight", "parameter", shape=(8, 4), seed=81),
+                        Constant(
+                            "output.weight",
+                            "parameter",
+                            shape=(4, 8),
+                            layout="transposed",
+                            tied="tok_embeddings.weight",
+                        ),
+                    ),
+                    reads=("output.weight", "tok_embeddings.weight"),
+                ),
+            ),
+            calls=("decode", "prefill", "decode"),
+        ),
+        "collision",
+        REAL_SHAPES,
+    ),
+    _s(
+        "tied_across_methods",
+        "One embedding table under two paths of the shared root, `tok_embeddings.weight` and `output.weight` "
+        "(tied: one tensor, as Voxtral's output layer is its token embedding): `token_embedding` reads the "
+        "first, `text_decoder` the second. One tensor: stored once, one allocation.",
+        ProgramSpec(
+            methods=(
+                Method("token_embedding", reads=("tok_embeddings.weight",)),
+                Method(
+                    "text_decoder",
+                    (Constant("t", "literal", values=_vals(1, 2, 3, 4)),),
+                    reads=("output.weight", "t"),
+                ),
+            ),
+            shared=(
+                Constant("tok_embeddings.weight", "parameter", shape=(8, 4), seed=82),
+                Constant("output.weight", "parameter", shape=(8, 4), tied="tok_embeddings.weight"),
+            ),
+        ),
+        "shared_weight",
+        "dedupe",
+        REAL_SHAPES,
+    ),
+    _s(
+        "strided_weights",
+        "Weights that are views, as real ones are: `attention.wq` a slice past `attention.wk`'s values in a "
+        "fused storage (an offset), `attention.wv` every other element of a wider storage (stride 2) and "
+        "`proj.weight` stored transposed (strides (1, 4)), in both methods under one name with other bytes. "
+        "A packer that writes a tensor's storage, not its values, stores other values than the program "
+        "reads.",
+        ProgramSpec(
+            methods=tuple(
+                Method(
+                    name,
+                    (
+                        Constant("attention.wq", "parameter", shape=(4, 4), seed=seed, layout="offset"),
+                        Constant("attention.wv", "buffer", shape=(2, 4), seed=seed + 1, layout="strided"),
+                        Constant(
+                            "proj.weight", "parameter", shape=(4, 4), seed=seed + 2, layout="transposed"
+                        ),
+                    ),
+                    reads=("attention.wq", "attention.wv", "proj.weight"),
+                )
+                for name, seed in (("prefill", 84), ("decode", 87))
+            ),
+            calls=("prefill", "decode", "prefill"),
+        ),
+        "collision",
+        "buffers",
+        REAL_SHAPES,
+    ),
+    _s(
+        "close_weights",
+        "A base weight of `prefill` and the fine-tuned one of `decode` differing in every element by "
+        f"{_FINE} of it (`base.weight`, `tuned.weight`, 64 elements), a pair differing by {_FINER} "
+        f"(`base.bias`, `tuned.bias`) and one of 1024 elements differing by {_FINEST} (`base.embed`, "
+        "`tuned.embed`): a dedupe by closeness at 1e-3 (1e-4, 1e-5) takes each pair for one; each output "
+        "moves by about 3e-3 (3e-4, 2e-4), past float32's comparison bound.",
+        ProgramSpec(
+            methods=(
+                Method(
+                    "prefill",
+                    (
+                        Constant("base.weight", "parameter", shape=(8, 8), seed=90),
+                        Constant("base.bias", "parameter", shape=(8, 8), seed=91),
+                        Constant("base.embed", "parameter", shape=(32, 32), seed=92),
+                    ),
+                    reads=("base.weight", "base.bias", "base.embed"),
+                ),
+                Method(
+                    "decode",
+                    (
+                        Constant(
+                            "tuned.weight", "parameter", shape=(8, 8), seed=90, nudged_from=0, nudge=_FINE
+                        ),
+                        Constant(
+                            "tuned.bias", "parameter", shape=(8, 8), seed=91, nudged_from=0, nudge=_FINER
+                        ),
+                        Constant(
+                            "tuned.embed", "parameter", shape=(32, 32), seed=92, nudged_from=0, nudge=_FINEST
+                        ),
+                    ),
+                    reads=("tuned.weight", "tuned.bias", "tuned.embed"),
+                ),
+            ),
+            calls=("prefill", "decode", "prefill"),
+        ),
+        LOOKALIKE,
+        REAL_SHAPES,
+    ),
+    _s(
+        "equal_bytes_two_shapes",
+        "`attention.wq` (4, 4) of `prefill` and `mlp.gate` (16,) of `decode` hold the same float32 bytes, "
+        "and so do `conv.weight` (2, 2, 4) and `mlp.up` (2, 8): other shapes, one byte pattern. A dedupe "
+        "keyed on dtype and bytes without the shape shares them.",
+        ProgramSpec(
+            methods=(
+                Method(
+                    "prefill",
+                    (
+                        Constant("attention.wq", "parameter", shape=(4, 4), seed=92),
+                        Constant("conv.weight", "parameter", shape=(2, 2, 4), seed=93),
+                    ),
+                    reads=("attention.wq", "conv.weight"),
+                ),
+                Method(
+                    "decode",
+                    (
+                        Constant("mlp.gate", "parameter", shape=(16,), seed=92),
+                        Constant("mlp.up", "parameter", shape=(2, 8), seed=93),
+                    ),
+                    reads=("mlp.gate", "mlp.up"),
+                ),
+            ),
+            calls=("prefill", "decode", "prefill"),
+        ),
+        LOOKALIKE,
+        REAL_SHAPES,
+    ),
+    _s(
+        "reordered_weights",
+        "`attention.wq` of `prefill` and `attention.wk` of `decode` hold the same 16 values in another order "
+        "(one is the other's transpose, each stored row-major): a digest of the sorted values, a sum or a "
+        "histogram takes them for one.",
+        ProgramSpec(
+            methods=(
+                Method(
+                    "prefill",
+                    (Constant("attention.wq", "parameter", shape=(4, 4), seed=94),),
+                    reads=("attention.wq",),
+                ),
+                Method(
+                    "decode",
+                    (Constant("attention.wk", "parameter", shape=(4, 4), seed=94, reordered=True),),
+                    reads=("attention.wk",),
+                ),
+            ),
+            calls=("prefill", "decode", "prefill"),
+        ),
+        LOOKALIKE,
+        REAL_SHAPES,
+    ),
+    _s(
+        "constant_equal_to_state",
+        "`read`'s weight `norm.weight` starts equal in bytes to the shared state `running.mean` (not zeros), "
+        "which `step` adds to: a loader that dedupes a constant with state of its bytes binds the weight to "
+        "the state's memory, and the weight then follows the state's writes.",
+        ProgramSpec(
+            methods=(
+                Method("step", writes=(Write("running.mean", "add"),), reads=("running.mean",)),
+                Method(
+                    "read",
+                    (Constant("norm.weight", "parameter", shape=(4,), seed=95),),
+                    reads=("norm.weight", "running.mean"),
+                ),
+            ),
+            shared=(Constant("running.mean", "buffer", shape=(4,), seed=95),),
+            calls=("read", "step", "read", "step", "read"),
+        ),
+        "shared_state",
+        "state_bytes",
+        "buffers",
+        REAL_SHAPES,
+    ),
+)
+
 BY_NAME = {s.name: s for s in SCENARIOS}
 
 

@@ -278,8 +278,10 @@ def form_key(ep: ExportedProgram) -> str:
         (e.fqn, e.signature and (e.signature.in_spec, e.signature.out_spec)) for e in ep.module_call_graph
     ]
     signature = renamed_signature(ep.graph_signature, placeholders, keys)
-    # Decomposition orders constant inputs by the module that holds them.
-    owners = [k.rpartition(".")[0] for _, k in names]
+    # Decomposition orders constant inputs by the module that holds them: which inputs share a module, and
+    # in what order their modules come, not the modules' names.
+    modules: dict[str, int] = {}
+    owners = [modules.setdefault(k.rpartition(".")[0], len(modules)) for _, k in names]
     h.update(f"{owners}\0".encode())
     h.update(f"{signature}\0{ep.range_constraints}\0{call}\0{ep.dialect}".encode())
     return h.hexdigest()

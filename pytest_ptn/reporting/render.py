@@ -115,7 +115,7 @@ def render_text(doc: Results, paint: Paint = _no_paint, pytest_showed: bool = Fa
     lines += [LEGEND, SHOULD_COUNTING]
     tallies = fuzz_tallies(doc.results)
     if tallies:
-        lines += ["", *(tally.line(backend) for backend, tally in tallies.items())]
+        lines += ["", *(line for b, tally in tallies.items() for line in (tally.line(b), tally.coverage(b)))]
     intermittent = intermittent_findings(doc.results)
     if intermittent:
         lines += ["", f"{intermittent_count(intermittent)}, {INTERMITTENT_MEANING}:"]
@@ -265,7 +265,7 @@ def render_markdown(doc: Results, changes: Sequence[CellChange] | None = None) -
     if tallies:
         lines += ["### Fuzz", ""]
         for backend, tally in tallies.items():
-            lines += [f"- {_md(tally.line(backend))}"]
+            lines += [f"- {_md(tally.line(backend))}", f"- {_md(tally.coverage(backend))}"]
             for key, seen in tally.ordered():
                 lines += [f"<details><summary>smallest program of {_md(key)}</summary>", ""]
                 lines += [*fenced(seen.smallest.rstrip("\n"), "python"), "", "</details>", ""]

@@ -103,6 +103,8 @@ def source(recipe: Recipe, backend: str, name: str, spec: ProgramSpec) -> str:
     mutating = {m.name for m in spec.methods if m.mutates_input}
     helpers = [_WEIGHTED_SUM] if not spec.vectors else []
     helpers += [_DECODE] if writer.decoded else []
+    helpers += [_PLACE] if writer.placed else []
+    helpers += [_LAYOUTS[layout] for layout in sorted(writer.layouts)]
     imports = ["import base64"] if writer.decoded else []
     quantize = (
         ["from torchao.quantization import Int8WeightOnlyConfig, quantize_"] if writer.quantized else []
@@ -156,6 +158,10 @@ class _Writer:
         self.spec = spec
         self.decoded = False
         self.quantized = False
+        every = [*spec.shared, *(c for m in spec.methods for c in m.constants)]
+        self.placed = any("." in c.name or c.tied is not None for c in every if c.family not in _IN_FORWARD)
+        """Whether a constant sits on a nested module or is tied: its lines ``place`` it at its path."""
+        self.layouts = {c.layout for c in every if c.layout != "contiguous" and c.tied is None}
         names = [re.sub(r"\W", "_", m.name) for m in spec.methods]
         names = [n[:1].upper() + n[1:] for n in names]
         fit = len(set(names)) == len(names) and all(
@@ -182,6 +188,8 @@ class _Writer:
         """The lines of ``__init__`` that give the module constant ``c``, as build._register does."""
         from pytest_ptn.programs.build import make_tensor
 
+        if self.placed and c.family in ("parameter", "buffer", "attribute"):
+            return [self.place(c)]
         value = self.tensor(make_tensor(c))
         if c.family == "parameter":
             return [f"self.{c.name} = nn.Parameter({value}, requires_grad=False)"]
@@ -205,6 +213,20 @@ class _Writer:
             ]
         return []  # a literal or scalar is made in forward
 
+    def place(self, c: Constant) -> str:
+        """``place(self, path, tensor, family)``: the tensor laid out as ``c.layout`` says (a tied one, its
+        source's tensor, transposed where it says so), at ``c``'s path."""
+        from pytest_ptn.programs.build import make_tensor
+
+        if c.tied is not None:
+            source = f"get(self, {c.tied!r})"
+            value = f"{source}.transpose(-2, -1)" if c.layout == "transposed" else source
+        else:
+            value = self.tensor(make_tensor(c))
+            value = value if c.layout == "contiguous" else f"{c.layout}({value})"
+        persistent = "" if c.persistent else ", persistent=False"
+        return f"place(self, {c.name!r}, {value}, {c.family!r}{persistent})"
+
     def quantize(self, constants: tuple[Constant, ...]) -> list[str]:
         names = {c.name for c in constants if c.family == "int8_linear"}
         if not names:
@@ -213,14 +235,16 @@ class _Writer:
         return [f"quantize_(self, Int8WeightOnlyConfig(), filter_fn=lambda m, fqn: fqn in {names!r})"]
 
     def shared_class(self) -> str:
-        body = [line for c in self.spec.shared for line in self.register(c)] + self.quantize(self.spec.shared)
+        shared = _registered(self.spec.shared)
+        body = [line for c in shared for line in self.register(c)] + self.quantize(self.spec.shared)
         return _init("Shared", "self", body)
 
     def method_class(self, m: Method) -> str:
         body = ["self.shared = shared"]
         if self.spec.shared_alias is not None:
             body.append(f"self.{self.spec.shared_alias} = shared")
-        body += [line for c in m.constants for line in self.register(c)] + self.quantize(m.constants)
+        body += [line for c in _registered(m.constants) for line in self.register(c)]
+        body += self.quantize(m.constants)
         if m.branch is not None:
             body += self.register(m.branch.on_true) + self.register(m.branch.on_false)
         forward = self.vectors(m) if self.spec.vectors else self.sums(m)
@@ -245,7 +269,8 @@ class _Writer:
         if c.family == "scalar":
             return f"(x.sum() + {make_tensor(c).tolist()!r})"
         owner = "self" if m.private(name) else "self.shared"
-        return f"{owner}.{name}(x)" if c.family in ("int8_linear", "linear") else f"{owner}.{name}"
+        got = f"get({owner}, {name!r})" if self.placed else f"{owner}.{name}"
+        return f"{got}(x)" if c.family in ("int8_linear", "linear") else got
 
     def sums(self, m: Method) -> list[str]:
         lines = ["x.add_(1.0)"] if m.mutates_input else []
@@ -287,6 +312,15 @@ class _Writer:
         return [*lines, f"return torch.cat([{', '.join(terms)}])" if terms else "return x.reshape(-1)"]
 
 
+_IN_FORWARD = ("literal", "scalar")
+"""The families made in ``forward``, at no path."""
+
+
+def _registered(constants: tuple[Constant, ...]) -> list[Constant]:
+    """In the order build registers them: a tied one after its source."""
+    return sorted(constants, key=lambda c: c.tied is not None)
+
+
 def _init(name: str, args: str, body: list[str], doc: str | None = None) -> str:
     head = f"class {name}(nn.Module):\n" + (f"    {doc}\n\n" if doc else "")
     lines = ["super().__init__()", *body]
@@ -307,6 +341,44 @@ _WEIGHTED_SUM = '''def weighted_sum(t, dtype):
 _DECODE = '''def tensor(data, dtype, shape):
     """A tensor from its bytes (little-endian), base64-encoded."""
     return torch.frombuffer(bytearray(base64.b64decode(data)), dtype=dtype).reshape(shape)'''
+
+_PLACE = '''def place(module, path, tensor, family, persistent=True):
+    """Put ``tensor`` at the dotted ``path`` of ``module`` (submodules made as needed), as a parameter, a
+    buffer or a plain attribute."""
+    *modules, leaf = path.split(".")
+    for name in modules:
+        if name not in module._modules:
+            module.add_module(name, nn.Module())
+        module = module._modules[name]
+    if family == "parameter":
+        param = tensor if isinstance(tensor, nn.Parameter) else nn.Parameter(tensor, requires_grad=False)
+        module.register_parameter(leaf, param)
+    elif family == "buffer":
+        module.register_buffer(leaf, tensor, persistent=persistent)
+    else:
+        object.__setattr__(module, leaf, tensor)
+
+
+def get(module, path):
+    """What ``module`` holds at the dotted ``path``."""
+    for name in path.split("."):
+        module = getattr(module, name)
+    return module'''
+
+_LAYOUTS = {
+    "transposed": '''def transposed(value):
+    """``value``, its last two dimensions swapped in memory (strides swapped)."""
+    return value.transpose(-2, -1).contiguous().transpose(-2, -1)''',
+    "strided": '''def strided(value):
+    """``value`` as every other element of a storage twice as long in its last dimension."""
+    beside = ~value if value.dtype == torch.bool else value + 1
+    return torch.stack((value, beside), -1).reshape(*value.shape[:-1], 2 * value.shape[-1])[..., ::2]''',
+    "offset": '''def offset(value):
+    """``value`` as a slice starting past other values of its storage."""
+    beside = ~value if value.dtype == torch.bool else value + 1
+    return torch.cat((beside.reshape(-1), value.reshape(-1)))[value.numel() :].view(value.shape)''',
+}
+"""The layouts of pytest_ptn.spec.LAYOUTS, as build.held lays them out, written out."""
 
 _WIDE_BUILD = """
     widened = build()
