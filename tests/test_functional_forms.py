@@ -143,16 +143,21 @@ def test_a_program_with_other_names_gets_the_form_under_its_own_names(
 
 
 def test_constants_moved_to_another_module_are_decomposed_anew(decompositions: list[str]) -> None:
-    """Decomposition orders constant inputs by the module holding them: a private constant made shared is
-    another form."""
+    """Decomposition orders constant inputs by the modules holding them (``decomposed_order``): a private
+    buffer made shared, which it then lists after the method's own, is another form, ordered as torch
+    orders it."""
     forms = FunctionalForms(size=8)
     own = ProgramSpec(
-        methods=(Method("m", (Constant("a", "parameter"), Constant("b", "buffer")), reads=("a", "b")),)
+        methods=(Method("m", (Constant("a", "buffer"), Constant("b", "buffer")), reads=("a", "b")),)
     )
     moved = ProgramSpec(
         methods=(Method("m", (Constant("b", "buffer"),), reads=("a", "b")),),
-        shared=(Constant("a", "parameter"),),
+        shared=(Constant("a", "buffer"),),
     )
     for spec in (own, moved):
-        forms.functional(Program(spec).export()["m"])
+        ep = Program(spec).export()["m"]
+        got, fresh = forms.functional(ep), decompose(ep)
+        assert [s.target for s in got.graph_signature.input_specs] == [
+            s.target for s in fresh.graph_signature.input_specs
+        ]
     assert len(decompositions) == 2

@@ -221,6 +221,9 @@ class FunctionalForms:
         same_tensors = set(result.state_dict) == set(ep.state_dict) and set(result.constants) == set(
             ep.constants
         )
+        names = constant_names(ep)
+        # the key's order is torch's, or the form would serve programs it orders otherwise
+        same_order = [k for _, k in constant_names(result)] == [names[i][1] for i in decomposed_order(ep)]
         form = (
             FunctionalForm(
                 copy.deepcopy(result.graph_module),
@@ -228,9 +231,9 @@ class FunctionalForms:
                 copy.deepcopy(result.range_constraints),
                 call_graph_copy(result.module_call_graph),
                 list(result.verifiers),
-                tuple(constant_names(ep)),
+                tuple(names),
             )
-            if same_tensors
+            if same_tensors and same_order
             else None
         )
         self._forms.add(key, form)
@@ -256,8 +259,8 @@ def form_key(ep: ExportedProgram) -> str:
     and the calling convention: all ``run_decompositions`` reads of a program besides tensor values. A
     constant's placeholder and key count by their position among the constant inputs, not by name, so
     programs that differ in constant names alone share a key, as long as their constants sort in the same
-    order and live on the same modules; a name that shows anywhere else (a subgraph's code) still counts as
-    itself."""
+    order and decomposition orders them alike (``decomposed_order``); a name that shows anywhere else (a
+    subgraph's code) still counts as itself."""
     names = constant_names(ep)
     placeholders = {p: f"\0c{i}" for i, (p, _) in enumerate(names)}
     keys = {k: f"\0k{i}" for i, (_, k) in enumerate(names)}
@@ -278,13 +281,41 @@ def form_key(ep: ExportedProgram) -> str:
         (e.fqn, e.signature and (e.signature.in_spec, e.signature.out_spec)) for e in ep.module_call_graph
     ]
     signature = renamed_signature(ep.graph_signature, placeholders, keys)
-    # Decomposition orders constant inputs by the module that holds them: which inputs share a module, and
-    # in what order their modules come, not the modules' names.
-    modules: dict[str, int] = {}
-    owners = [modules.setdefault(k.rpartition(".")[0], len(modules)) for _, k in names]
-    h.update(f"{owners}\0".encode())
+    # Decomposition reorders constant inputs by the modules that hold them: the order it gives, not the
+    # modules' names.
+    h.update(f"{decomposed_order(ep)}\0".encode())
     h.update(f"{signature}\0{ep.range_constraints}\0{call}\0{ep.dialect}".encode())
     return h.hexdigest()
+
+
+def decomposed_order(ep: ExportedProgram) -> list[int]:
+    """The order ``run_decompositions`` gives ``ep``'s constant inputs, as indices into
+    ``constant_names(ep)``: it retraces a module rebuilt from them (buffers assigned first, then parameters,
+    then constants, each creating the submodules on its path), whose parameters and then buffers it lists
+    module by module, depth first; a constant is registered as a buffer after its module's own. Two programs
+    of one graph whose modules group their constants alike get one order, whatever the modules' names."""
+    specs = [s for s in ep.graph_signature.input_specs if s.kind in CONSTANT_KINDS and s.target is not None]
+    tree: dict[str, Any] = {}
+    own: dict[tuple[tuple[str, ...], bool], list[int]] = {}
+    by_kind = (
+        [(i, s, False) for i, s in enumerate(specs) if s.kind == InputKind.BUFFER]
+        + [(i, s, True) for i, s in enumerate(specs) if s.kind == InputKind.PARAMETER]
+        + [(i, s, False) for i, s in enumerate(specs) if s.kind == InputKind.CONSTANT_TENSOR]
+    )
+    for i, spec, parameter in by_kind:
+        *atoms, _ = cast(str, spec.target).split(".")
+        node = tree
+        for atom in atoms:
+            node = node.setdefault(atom, {})
+        own.setdefault((tuple(atoms), parameter), []).append(i)
+
+    def walk(node: dict[str, Any], path: tuple[str, ...], parameter: bool) -> list[int]:
+        out = list(own.get((path, parameter), []))
+        for atom, child in node.items():
+            out += walk(child, (*path, atom), parameter)
+        return out
+
+    return walk(tree, (), True) + walk(tree, (), False)
 
 
 def _substitute(code: str, names: dict[str, str]) -> str:
