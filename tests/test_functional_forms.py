@@ -161,3 +161,28 @@ def test_constants_moved_to_another_module_are_decomposed_anew(decompositions: l
             s.target for s in fresh.graph_signature.input_specs
         ]
     assert len(decompositions) == 2
+
+
+def test_constants_under_other_module_paths_in_the_same_places_get_one_form(
+    decompositions: list[str],
+) -> None:
+    """Two transformers whose layers are named apart (``layers.0.w`` against ``blocks.0.w``) decompose
+    alike: their constants come in the same places, and a submodule's path is copied through, so the second
+    is bound to the first's form, under its own paths."""
+    forms = FunctionalForms(size=8)
+    programs = [
+        Program(NAMED.with_names({"a": f"{prefix}.0.w", "b": f"{prefix}.1.w", "c": f"{prefix}.2.w"}))
+        for prefix in ("layers", "blocks")
+    ]
+    for ep in programs[0].export().values():
+        forms.functional(ep)
+    before = len(decompositions)
+    for method in programs[1].method_names:
+        got = forms.functional(programs[1].export()[method])
+        fresh = decompose(programs[1].export()[method])
+        assert got.graph_module.code == fresh.graph_module.code
+        assert str(got.graph_signature) == str(fresh.graph_signature)
+        assert [e.fqn for e in got.module_call_graph] == [e.fqn for e in fresh.module_call_graph]
+        inputs = programs[1].example_inputs(method)
+        torch.testing.assert_close(got.module()(*inputs), fresh.module()(*inputs))
+    assert len(decompositions) == before

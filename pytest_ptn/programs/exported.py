@@ -139,12 +139,12 @@ class FunctionalForm:
     module_call_graph: list[Any]
     verifiers: list[Any]
     names: tuple[tuple[str, str], ...]
-    """(placeholder, key) of each constant input of the program decomposed, in order."""
+    """(placeholder, key) of each constant input of the program decomposed, in decomposition's order."""
 
     def bind(self, ep: ExportedProgram) -> ExportedProgram:
         """This form holding ``ep``'s own tensors under ``ep``'s own names (a private copy of the graph: a
-        lowering may rewrite it)."""
-        theirs = constant_names(ep)
+        lowering may rewrite it). Constants correspond by their place in decomposition's order."""
+        theirs = decomposed_names(ep)
         placeholders = {mine: their for (mine, _), (their, _) in zip(self.names, theirs, strict=True)}
         keys = {mine: their for (_, mine), (_, their) in zip(self.names, theirs, strict=True)}
         root, graph = private_copy(self.graph_module, placeholders)
@@ -154,10 +154,18 @@ class FunctionalForm:
             graph_signature=renamed_signature(self.graph_signature, placeholders, keys),
             state_dict=dict(ep.state_dict),
             range_constraints=copy.deepcopy(self.range_constraints),
-            module_call_graph=call_graph_copy(self.module_call_graph),
+            module_call_graph=self.call_graph(ep),
             example_inputs=ep.example_inputs,
             constants=dict(ep.constants),
             verifiers=self.verifiers,
+        )
+
+    def call_graph(self, ep: ExportedProgram) -> list[Any]:
+        """``ep``'s module call graph with this form's entries where a signature names the graph's nodes:
+        decomposition copies the others (a submodule's path, no signature) as they are."""
+        signed = {e.fqn: e for e in self.module_call_graph if e.signature is not None}
+        return call_graph_copy(
+            [signed.get(e.fqn, e) if e.signature is not None else e for e in ep.module_call_graph]
         )
 
 
@@ -221,9 +229,9 @@ class FunctionalForms:
         same_tensors = set(result.state_dict) == set(ep.state_dict) and set(result.constants) == set(
             ep.constants
         )
-        names = constant_names(ep)
+        names = decomposed_names(ep)
         # the key's order is torch's, or the form would serve programs it orders otherwise
-        same_order = [k for _, k in constant_names(result)] == [names[i][1] for i in decomposed_order(ep)]
+        same_order = [k for _, k in constant_names(result)] == [k for _, k in names]
         form = (
             FunctionalForm(
                 copy.deepcopy(result.graph_module),
@@ -257,57 +265,73 @@ def constant_names(ep: ExportedProgram) -> list[tuple[str, str]]:
 def form_key(ep: ExportedProgram) -> str:
     """sha256 of the code of every graph, every placeholder's metadata, the signature, the shape constraints
     and the calling convention: all ``run_decompositions`` reads of a program besides tensor values. A
-    constant's placeholder and key count by their position among the constant inputs, not by name, so
-    programs that differ in constant names alone share a key, as long as their constants sort in the same
-    order and decomposition orders them alike (``decomposed_order``); a name that shows anywhere else (a
-    subgraph's code) still counts as itself."""
+    constant counts by its place in the order decomposition gives the constants (``decomposed_order``),
+    not by its name nor by its place in the signature: decomposition retraces the program with its
+    constants in that order, so programs that differ in constant names, or in the order their signatures
+    list them, alone share a key. A name that shows anywhere else (a subgraph's code) still counts as
+    itself."""
+    order = decomposed_order(ep)
     names = constant_names(ep)
-    placeholders = {p: f"\0c{i}" for i, (p, _) in enumerate(names)}
-    keys = {k: f"\0k{i}" for i, (_, k) in enumerate(names)}
+    placeholders = {names[i][0]: f"\0c{j}" for j, i in enumerate(order)}
+    keys = {names[i][1]: f"\0k{j}" for j, i in enumerate(order)}
     h = hashlib.sha256()
     for name, module in ep.graph_module.named_modules():
         if isinstance(module, torch.fx.GraphModule):
             code = _substitute(module.code, placeholders) if module is ep.graph_module else module.code
+            if module is ep.graph_module:  # the parameter list is the signature's order: hashed below
+                code = _PARAMETER_LIST.sub("def forward(self)", code, count=1)
             h.update(f"{name}\0{code}\0".encode())
-    for node in ep.graph.find_nodes(op="placeholder"):
-        val = node.meta.get("val")
+    by_name = {node.name: node for node in ep.graph.find_nodes(op="placeholder")}
+    in_order = [names[i][0] for i in order] + [p for p in by_name if p not in placeholders]
+    for name in in_order:
+        val = by_name[name].meta.get("val")
         meta = (
             (val.dtype, tuple(val.shape), tuple(val.stride()), val.device, val.requires_grad)
             if isinstance(val, torch.Tensor)
             else (type(val).__name__, val)
         )
-        h.update(f"{placeholders.get(node.name, node.name)}\0{meta}\0".encode())
+        h.update(f"{placeholders.get(name, name)}\0{meta}\0".encode())
+    # a submodule's path without a signature is copied through as it is (FunctionalForm.call_graph)
     call = [
-        (e.fqn, e.signature and (e.signature.in_spec, e.signature.out_spec)) for e in ep.module_call_graph
+        (e.fqn, e.signature.in_spec, e.signature.out_spec)
+        for e in ep.module_call_graph
+        if e.signature is not None
     ]
-    signature = renamed_signature(ep.graph_signature, placeholders, keys)
-    # Decomposition reorders constant inputs by the modules that hold them: the order it gives, not the
-    # modules' names.
-    h.update(f"{decomposed_order(ep)}\0".encode())
-    h.update(f"{signature}\0{ep.range_constraints}\0{call}\0{ep.dialect}".encode())
+    renamed = renamed_signature(ep.graph_signature, placeholders, keys)
+    rank = {placeholders.get(p, p): j for j, p in enumerate(in_order)}
+    inputs = sorted(renamed.input_specs, key=lambda s: rank.get(getattr(s.arg, "name", ""), len(rank)))
+    h.update(f"{inputs}\0{renamed.output_specs}\0{ep.range_constraints}\0{call}\0{ep.dialect}".encode())
     return h.hexdigest()
+
+
+_PARAMETER_LIST = re.compile(r"def forward\(self, [^)]*\)")
+
+
+def decomposed_names(ep: ExportedProgram) -> list[tuple[str, str]]:
+    """(placeholder, key) of each constant input, in the order decomposition gives them."""
+    names = constant_names(ep)
+    return [names[i] for i in decomposed_order(ep)]
 
 
 def decomposed_order(ep: ExportedProgram) -> list[int]:
     """The order ``run_decompositions`` gives ``ep``'s constant inputs, as indices into
-    ``constant_names(ep)``: it retraces a module rebuilt from them (buffers assigned first, then parameters,
-    then constants, each creating the submodules on its path), whose parameters and then buffers it lists
-    module by module, depth first; a constant is registered as a buffer after its module's own. Two programs
-    of one graph whose modules group their constants alike get one order, whatever the modules' names."""
+    ``constant_names(ep)``: it retraces a module rebuilt from them, whose submodules come into being in the
+    order the signature lists the constants (each creating the submodules on its path), and lists its
+    parameters and then its buffers module by module, depth first; a constant is registered as a buffer
+    after its module's own. Two programs of one graph whose modules group their constants alike get one
+    order, whatever the modules' names (matched torch on 408 of 408 drawn methods)."""
     specs = [s for s in ep.graph_signature.input_specs if s.kind in CONSTANT_KINDS and s.target is not None]
     tree: dict[str, Any] = {}
     own: dict[tuple[tuple[str, ...], bool], list[int]] = {}
-    by_kind = (
-        [(i, s, False) for i, s in enumerate(specs) if s.kind == InputKind.BUFFER]
-        + [(i, s, True) for i, s in enumerate(specs) if s.kind == InputKind.PARAMETER]
-        + [(i, s, False) for i, s in enumerate(specs) if s.kind == InputKind.CONSTANT_TENSOR]
-    )
-    for i, spec, parameter in by_kind:
-        *atoms, _ = cast(str, spec.target).split(".")
+    for spec in specs:
         node = tree
-        for atom in atoms:
+        for atom in cast(str, spec.target).split(".")[:-1]:
             node = node.setdefault(atom, {})
-        own.setdefault((tuple(atoms), parameter), []).append(i)
+    for kind in (InputKind.BUFFER, InputKind.PARAMETER, InputKind.CONSTANT_TENSOR):
+        for i, spec in enumerate(specs):
+            if spec.kind == kind:
+                path = tuple(cast(str, spec.target).split(".")[:-1])
+                own.setdefault((path, kind == InputKind.PARAMETER), []).append(i)
 
     def walk(node: dict[str, Any], path: tuple[str, ...], parameter: bool) -> list[int]:
         out = list(own.get((path, parameter), []))
