@@ -150,7 +150,7 @@ class Case:
             if self.scenario.valid:  # quote the upstream message, not its traceback
                 import pytest
 
-                self.found.append(raised(Step.LOWERING, result))
+                self.found.append(raised(Step.LOWERING, result, self.program.method_names))
                 pytest.fail(f"lowering failed: {type(result).__name__}: {result}", pytrace=False)
             raise result
         return result
@@ -363,10 +363,10 @@ class Case:
         whose = whose_of(self.whose)
         if self.found or not raised_by_backend(error):
             return Found(tuple(self.found), whose)
-        said = raised(Step.RUNNING, error)
+        names = self.program.method_names
+        said = raised(Step.RUNNING, error, names)
         if self.raised_at is not None:
-            names = self.program.method_names
-            replay = self.replays.raising(said, self.eager(), self.raised_at, names)
+            replay = self.replays.raising(error, self.eager(), self.raised_at, names)
             if replay is not None:
                 return Found(replay.mechanisms, whose)
         return Found((said,), whose)

@@ -353,17 +353,28 @@ def isolation_only(m: Mechanism) -> bool:
     return m.kind in (Kind.BY_NAME, Kind.CONSTANT_STATE, Kind.LAYOUT_LOST) or m.of == Role.STATE
 
 
-def raised(step: Step, error: BaseException, names: Iterable[str] = ()) -> Mechanism:
+def raised(step: Step, error: BaseException, names: Iterable[str]) -> Mechanism:
     """The mechanism of an exception at ``step`` (lowering, running): its type and its message's first line,
     with what varies between programs (numbers, quoted names, the program's own ``names`` of its methods)
-    left out, are the key; the detail is the type and that line as they were."""
-    said = str(error).strip().splitlines()[0].strip() if str(error).strip() else ""
+    left out, are the key; the detail is the type and that line as they were. ``names`` is required: one
+    error keyed with the names in one front end and without them in another would be two mechanisms."""
+    said = first_line(error)
     error_type = type(error).__name__
     text = without_names(said, names)[: max(0, MESSAGE_IN_KEY - len(error_type) - 2)] if said else ""
-    detail = f"{error_type}: {said}" if said else error_type
     return Mechanism(
-        Kind.LOWERING if step == Step.LOWERING else Kind.ERROR, Raised(step, error_type, text), detail
+        Kind.LOWERING if step == Step.LOWERING else Kind.ERROR, Raised(step, error_type, text), stated(error)
     )
+
+
+def first_line(error: BaseException) -> str:
+    """An exception's message's first line ("" where it said nothing)."""
+    return str(error).strip().splitlines()[0].strip() if str(error).strip() else ""
+
+
+def stated(error: BaseException) -> str:
+    """An exception as it reads: its type and its message's first line."""
+    said = first_line(error)
+    return f"{type(error).__name__}: {said}" if said else type(error).__name__
 
 
 MESSAGE_IN_KEY = 120

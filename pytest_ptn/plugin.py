@@ -632,7 +632,8 @@ def failure_found(item: pytest.Item, error: BaseException) -> Found:
     case = getattr(item, "funcargs", {}).get(repro.CASE_FIXTURE)
     if isinstance(case, Case):
         return case.failure(error)
-    return Found((mechanisms.raised(mechanisms.Step.RUNNING, error),) if raised_by_backend(error) else ())
+    # no case, no program: no method names to leave out
+    return Found((mechanisms.raised(mechanisms.Step.RUNNING, error, ()),) if raised_by_backend(error) else ())
 
 
 # --- upstream warnings and logs (pytest_ptn.upstream_noise) ----------------------------------------------

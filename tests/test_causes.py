@@ -56,7 +56,7 @@ EARLIER = (
 
 
 def lowering(message: str) -> tuple[Mechanism, ...]:
-    return (raised(Step.LOWERING, ValueError(message)),)
+    return (raised(Step.LOWERING, ValueError(message), ()),)
 
 
 def test_one_binding_bug_is_one_cause_whatever_rule_shows_it() -> None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
 from pytest_ptn import expectations
 from pytest_ptn.backends.reference import ReferenceBackend
@@ -29,12 +31,11 @@ from pytest_ptn.spec import ProgramSpec
 
 
 def test_a_key_says_kind_and_what_never_a_generated_name() -> None:
-    a = raised(Step.LOWERING, ValueError("constant 'w' differs between methods 'prefill' and 'decoder'"))
-    b = raised(Step.LOWERING, ValueError("constant 'kv' differs between methods 'm6' and 'step'"))
+    a = raised(Step.LOWERING, ValueError("constant 'w' differs between methods 'prefill' and 'decoder'"), ())
+    b = raised(Step.LOWERING, ValueError("constant 'kv' differs between methods 'm6' and 'step'"), ())
     assert a.key == b.key == "lowering:ValueError: constant '…' differs between methods '…' and '…'"
-    assert (
-        raised(Step.RUNNING, RuntimeError("error 0x12\nmore")).key == "error:running:RuntimeError: error NxN"
-    )
+    running = raised(Step.RUNNING, RuntimeError("error 0x12\nmore"), ())
+    assert running.key == "error:running:RuntimeError: error NxN"
     assert Mechanism(Kind.ZERO_FILLED, "state", "'m6_state'").key == "zero-filled:state"
     load = [RuntimeError(f"Failed to load method {m}, error: 0x20") for m in ("prefill", "m7")]
     assert {raised(Step.RUNNING, e, ["m7", "prefill", "step"]).key for e in load} == {
@@ -50,10 +51,10 @@ def test_an_error_key_leaves_out_dtypes_and_shapes_too() -> None:
         RuntimeError("Tensor dtype mismatch! Expected: Float, Got: long int"),
         RuntimeError("Tensor dtype mismatch! Expected: BFloat16, Got: torch.float32"),
     ]
-    keys = {raised(Step.RUNNING, e).key for e in errors}
+    keys = {raised(Step.RUNNING, e, ()).key for e in errors}
     assert keys == {"error:running:RuntimeError: Tensor dtype mismatch! Expected: <dtype>, Got: <dtype>"}
     shapes = [RuntimeError(f"expected shape {s} but got (4,)") for s in ("[2, 4]", "(16,)", "[1]")]
-    assert len({raised(Step.RUNNING, e).key for e in shapes}) == 1
+    assert len({raised(Step.RUNNING, e, ()).key for e in shapes}) == 1
 
 
 def test_a_crash_key_comes_from_how_the_process_ended_never_from_its_words(tmp_path: Path) -> None:
@@ -429,9 +430,8 @@ def test_a_tie_one_program_cannot_break_goes_to_the_kind_earlier_programs_showed
     by_name = Mechanism(Kind.BY_NAME, Role.BUFFER, "method 'm6' read method 'prefill''s '_scale_1'")
     alike = Mechanism(Kind.LOOKALIKE, Role.BUFFER, "method 'm6' read 'prefill''s 'bias' for its '_scale_1'")
     raising = [Replay("by name", [], (by_name,), error, 0), Replay("alike", [], (alike,), error, 0)]
-    said = raised(Step.RUNNING, error)
-    assert explaining_error(raising, said, 0) is raising[0]
-    assert explaining_error(raising, said, 0, shown={Kind.LOOKALIKE: 3, Kind.BY_NAME: 1}) is raising[1]
+    assert explaining_error(raising, error, 0) is raising[0]
+    assert explaining_error(raising, error, 0, shown={Kind.LOOKALIKE: 3, Kind.BY_NAME: 1}) is raising[1]
 
     wrong = [[torch.tensor([2.0])]]
     giving = [Replay("by name", wrong, (by_name,)), Replay("alike", wrong, (alike,))]
@@ -439,3 +439,30 @@ def test_a_tie_one_program_cannot_break_goes_to_the_kind_earlier_programs_showed
     assert found[0][0] is giving[0]
     found = explanations(giving, wrong, {0: "m6"}, shown={Kind.LOOKALIKE: 2})
     assert found[0][0] is giving[1]
+
+
+class NamesAMethodWhenLowering(ReferenceBackend):
+    """A lowering that refuses a program naming its first method bare, as executorch's messages do."""
+
+    name = "names-a-method"
+
+    def lower(self, programs: dict[str, torch.export.ExportedProgram], workdir: Path) -> Any:
+        raise ValueError(f"cannot lower method {next(iter(programs))}: constant table full")
+
+
+def test_one_error_is_one_key_in_the_scenario_tests_and_the_fuzz(tmp_path: Path, warm_torch: None) -> None:
+    """The program's method names are left out of an error's key wherever it is made: a scenario test's
+    lowering (harness.Case) keys the error as the fuzz does (mechanisms.raised with the program's names),
+    whatever the methods are called."""
+    from pytest_ptn.harness import Case
+    from pytest_ptn.programs.catalogue import BY_NAME
+
+    keys = set()
+    for scenario in ("kv_cache", "colliding_tensor_constants"):
+        case = Case(NamesAMethodWhenLowering(), BY_NAME[scenario], lambda name: tmp_path)
+        with pytest.raises(pytest.fail.Exception):
+            case.lower()
+        keys |= {m.key for m in case.found}
+    fuzz = raised(Step.LOWERING, ValueError("cannot lower method m6: constant table full"), ["m6", "step"])
+    assert keys == {fuzz.key}
+    assert "m6" not in fuzz.key

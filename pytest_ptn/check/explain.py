@@ -17,7 +17,7 @@ import torch
 from pytest_ptn.check.execution import Call, flat
 from pytest_ptn.check.findings import Difference
 from pytest_ptn.instruments.content import digest, same_content, tensor_bytes
-from pytest_ptn.mechanisms import TRAITS, Kind, Mechanism, Role, without_names
+from pytest_ptn.mechanisms import TRAITS, Kind, Mechanism, Role, stated, without_names
 from pytest_ptn.programs.exported import constants_of
 from pytest_ptn.programs.source import exported_eager, find_tensor, set_tensor
 from pytest_ptn.programs.survey import looks_alike
@@ -153,20 +153,20 @@ def mechanisms_of(replays: Sequence[Replay]) -> tuple[Mechanism, ...]:
 
 def explaining_error(
     replays: Replays,
-    error: Mechanism,
+    error: BaseException,
     call: int | None,
     names: Iterable[str] = (),
     shown: Mapping[Kind, int] | None = None,
 ) -> Replay | None:
-    """The first replay that raises what the backend raised while running (``error``, its mechanism, whose
-    detail is the exception's type and first line) at the same call (``call``; None: where it raised is not
+    """The first replay that raises what the backend raised while running (``error``: its type and its
+    message's first line) at the same call (``call``; None: where it raised is not
     known), single faults before pairs and a weak one (``Replay.weak``) last: the binding that makes the
     program fail as the backend does. The same is the same type and message but for what varies between
     programs (``names``: the program's method names), the whole message or the part a backend's own
     wrapping quotes (native's "node 'mul' failed: RuntimeError: ..."); where several raise the same, the
     one of a kind the process's earlier programs showed most (``shown``)."""
     raising = [
-        (r, f"{type(r.error).__name__}: {str(r.error).strip().splitlines()[0].strip()}")
+        (r, stated(r.error))
         for r in replays
         if r.error is not None and str(r.error).strip() and call in (None, r.raised_at) and r.schedule is None
     ]
@@ -174,7 +174,7 @@ def explaining_error(
     # the binding that raises the very message first (it names the tensors as the backend did), then one
     # that raises it but for what varies
     for same in (lambda said: said, lambda said: without_names(said, names)):
-        mine = same(error.detail)
+        mine = same(stated(error))
         alike = [r for r, theirs in raising if same(theirs) in mine]
         if alike:  # several bindings may raise one message: the kind the earlier programs showed most
             return max(alike, key=lambda r: _shown(r, shown))

@@ -235,7 +235,7 @@ class Judge:
         does (check.explain.explaining_error), else the exception's own mechanism."""
         names = list(self.program.methods)
         said = raised(Step.RUNNING, error, names)
-        replay = self.replays.raising(said, self.calls, call, names)
+        replay = self.replays.raising(error, self.calls, call, names)
         return Finding(
             "E1",
             Stage.RUN,

@@ -13,7 +13,6 @@ if TYPE_CHECKING:
     from pytest_ptn.backend import EagerCall
     from pytest_ptn.check.earlier import EarlierPrograms
     from pytest_ptn.check.explain import Replay, Replays
-    from pytest_ptn.mechanisms import Mechanism
 
 
 class ProgramReplays:
@@ -58,9 +57,9 @@ class ProgramReplays:
         return self.made[key] + self._earlier[key]
 
     def raising(
-        self, error: Mechanism, calls: Sequence[EagerCall], at: int | None, names: Sequence[str]
+        self, error: BaseException, calls: Sequence[EagerCall], at: int | None, names: Sequence[str]
     ) -> Replay | None:
-        """The faulty binding that makes the program raise ``error`` (its mechanism) at call ``at`` of
+        """The faulty binding that makes the program raise ``error`` at call ``at`` of
         ``calls`` (check.explain.explaining_error; ``names``: the program's method names): the program's own
         replays first, what earlier programs held only where those raise nothing alike or bind by metadata
         alone; a tie goes to the kind earlier programs showed most."""

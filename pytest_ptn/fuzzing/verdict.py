@@ -96,7 +96,7 @@ def _raised_running(case: Case, error: Exception, names: list[str]) -> Verdict:
     replay binding it does); an error none reproduces is its step, type and message."""
     said = f"{type(error).__name__}: {error}"
     error_of = raised(Step.RUNNING, error, names)
-    replay = case.replays.raising(error_of, case.eager(), case.raised_at, names)
+    replay = case.replays.raising(error, case.eager(), case.raised_at, names)
     whose, of = _whose_error(case)
     if whose:
         said += f"\n  {whose}"

@@ -57,8 +57,8 @@ def aliases(ep: ExportedProgram) -> dict[str, str]:
 def read_keys(ep: ExportedProgram) -> set[str]:
     """The constant keys whose placeholders the graph reads: a loader need not allocate the others (a
     module's parameter that this method does not use, a second FQN of one tensor)."""
-    placeholders = {n.name for n in ep.graph.nodes if n.op == "placeholder" and n.users}
-    return {str(s.target) for s in ep.graph_signature.input_specs if s.arg.name in placeholders}
+    used = {n.name for n in ep.graph.find_nodes(op="placeholder") if n.users}
+    return {s.target for s in ep.graph_signature.input_specs if s.arg.name in used and s.target is not None}
 
 
 def mutable_keys(programs: dict[str, ExportedProgram]) -> set[str]:

@@ -320,8 +320,8 @@ def _check_state(programs: dict[str, ExportedProgram], mutable: set[str]) -> Non
 
 def _reads_inlinable_state(ep: ExportedProgram, mutable: set[str]) -> bool:
     """Whether ``ep`` reads, without writing it, a mutated buffer small enough for inductor to inline."""
-    from pytest_ptn.backends.aoti.cache import inlinable, read_keys
-    from pytest_ptn.programs.exported import constants_of
+    from pytest_ptn.backends.aoti.cache import inlinable
+    from pytest_ptn.programs.exported import constants_of, read_keys
 
     written = set(ep.graph_signature.buffers_to_mutate.values())
     constants = constants_of(ep)

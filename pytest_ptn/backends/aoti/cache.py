@@ -50,7 +50,7 @@ from torch.utils import _pytree as pytree
 
 from pytest_ptn.backends.aoti.objects import wrapper_objects
 from pytest_ptn.instruments.content import ContentKey, digest, host_memory, tensor_bytes
-from pytest_ptn.programs.exported import constants_of
+from pytest_ptn.programs.exported import constants_of, read_keys
 
 CACHE_ENV = "PTN_AOTI_CACHE"
 FORMAT = "pytest-ptn aoti cache 5"
@@ -610,9 +610,3 @@ def _map_keys(
                 f"{label}: constant {key!r} is read and too large to inline, yet not in the container"
             )
     return keys, absent
-
-
-def read_keys(ep: ExportedProgram) -> set[str]:
-    """The constant keys whose placeholder the graph uses."""
-    used = {n.name for n in ep.graph.find_nodes(op="placeholder") if n.users}
-    return {s.target for s in ep.graph_signature.input_specs if s.arg.name in used and s.target is not None}
