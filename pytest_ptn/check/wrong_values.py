@@ -55,7 +55,7 @@ class Subject:
     what reading gives (programs.quantized); None for a program that is not quantized."""
 
 
-class Evidence(NamedTuple):
+class CallEvidence(NamedTuple):
     """What the evidence says of a run's deviations, by call."""
 
     words: list[str]
@@ -105,7 +105,7 @@ class WrongValues:
     def __init__(self, subject: Subject):
         self.subject = subject
         self.comparison = subject.comparison
-        self._gathered: tuple[list[Ran], LoadSchedule, Evidence] | None = None
+        self._gathered: tuple[list[Ran], LoadSchedule, CallEvidence] | None = None
         """The last run's evidence: a run judged for isolation, then for accuracy, gathers it once (its
         own-calls reruns, its package read)."""
 
@@ -210,7 +210,7 @@ class WrongValues:
 
     def _evidence(
         self, deviations: list[Deviation], calls: list[EagerCall], ran: list[Ran], schedule: LoadSchedule
-    ) -> Evidence:
+    ) -> CallEvidence:
         """What the replays, the memory plan, the method's own calls and the package say of ``deviations``
         (each in that order, for the calls the ones before leave unexplained)."""
         from pytest_ptn.check.own_calls import other_than_on_its_own
@@ -227,7 +227,7 @@ class WrongValues:
         accounted = explained.keys() | planned.keys()
         stored = self._stored_otherwise(calls, [d for d in deviations if d.call not in accounted])
         forced |= own.keys() | stored.keys()
-        evidence = Evidence(words, labels, explained, planned, own, stored, forced)
+        evidence = CallEvidence(words, labels, explained, planned, own, stored, forced)
         self._gathered = (ran, schedule, evidence)
         return evidence
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from pytest_ptn.backend import LOWERING_FAULT, RUNTIME_FAULT, Whose
 from pytest_ptn.mechanisms import TRAITS, Kind, Mechanism, without_names
-from pytest_ptn.reporting.matrix import Finding, findings
+from pytest_ptn.reporting.matrix import ReportedTest, reported_tests
 from pytest_ptn.reporting.reasons import headline, strip_noise
 from pytest_ptn.reporting.results import FAIL, XPASS, Result, rule_sort_key
 from pytest_ptn.ruleset import STRICT_XPASS_PREFIX
@@ -66,7 +66,7 @@ class Cause:
     number: int
     evidence: Evidence
     backend: str
-    found: list[Finding] = field(default_factory=list)
+    found: list[ReportedTest] = field(default_factory=list)
     joined: int = 0
     """How many of ``found`` showed only a symptom and were joined to this cause by their case."""
 
@@ -75,7 +75,7 @@ class Cause:
         return self.evidence.summary
 
     @property
-    def example(self) -> Finding:
+    def example(self) -> ReportedTest:
         """The first test (canonical order) that shows the evidence itself, not only a symptom."""
         own = [f for f in self.found if evidence_of(f.result).key == self.evidence.key]
         return (own or self.found)[0]
@@ -155,7 +155,7 @@ def whose(result: Result, evidence: Evidence) -> Evidence:
 def find_causes(results: Iterable[Result]) -> list[Cause]:
     """The causes of every failed test (fail or xpass), a runtime's own first, then largest first, numbered
     from 1."""
-    failing = findings(results, (FAIL, XPASS))
+    failing = reported_tests(results, (FAIL, XPASS))
     shown = [(f, whose(f.result, evidence_of(f.result))) for f in failing]
     across_names = {f.result.backend: ev for f, ev in shown if ev.kind == SHARES_DIFFERING}
     # A loader that shares differing constants across names shows by-name reads too where names collide:
@@ -194,7 +194,7 @@ def find_causes(results: Iterable[Result]) -> list[Cause]:
     return ordered
 
 
-def _whose_backends(f: Finding, key: tuple[str, ...]) -> str:
+def _whose_backends(f: ReportedTest, key: tuple[str, ...]) -> str:
     """The backends one cause of evidence ``key`` spans: a defect executorch.runtime shows too is the
     lowering's or upstream's, one cause whichever backends run that lowering; any other is its backend's."""
     return "" if LOWERING_FAULT in key else f.result.backend

@@ -1,4 +1,4 @@
-"""The rule x backend matrix built from results: cells, rows, level sections and the failing findings."""
+"""The rule x backend matrix built from results: cells, rows, level sections and the tests they report."""
 
 from __future__ import annotations
 
@@ -133,8 +133,9 @@ def build_matrix(results: Iterable[Result]) -> Matrix:
 
 
 @dataclass
-class Finding:
-    """One failing test's result (a test checking several rules yields one Result per rule, one Finding)."""
+class ReportedTest:
+    """One test's result as a report lists it: a test checking several rules yields one Result per rule and
+    one ReportedTest. Not a check's finding (pytest_ptn.check.findings)."""
 
     rules: list[str]
     result: Result
@@ -147,24 +148,24 @@ class Finding:
         return f"{', '.join(self.rules)} on {r.backend}{scenario}{seed}"
 
 
-def findings(
+def reported_tests(
     results: Iterable[Result], outcomes: tuple[str, ...], intermittent: bool = False
-) -> list[Finding]:
+) -> list[ReportedTest]:
     """The results with these outcomes, one per test and backend, in canonical order: of the tests listed
     as intermittent with ``intermittent``, else of the others."""
-    grouped: dict[tuple[str, str], Finding] = {}
+    grouped: dict[tuple[str, str], ReportedTest] = {}
     for r in sort_results(results):
         if r.outcome in outcomes and r.intermittent == intermittent:
-            grouped.setdefault((r.nodeid, r.backend), Finding([], r)).rules.append(r.rule)
+            grouped.setdefault((r.nodeid, r.backend), ReportedTest([], r)).rules.append(r.rule)
     return list(grouped.values())
 
 
-def intermittent_findings(results: Iterable[Result]) -> list[Finding]:
+def intermittent_tests(results: Iterable[Result]) -> list[ReportedTest]:
     """The tests listed as intermittent, each with what it did this time (its result's outcome)."""
-    return findings(results, (PASS, XFAIL), intermittent=True)
+    return reported_tests(results, (PASS, XFAIL), intermittent=True)
 
 
-def intermittent_count(found: list[Finding]) -> str:
+def intermittent_count(found: list[ReportedTest]) -> str:
     """``3 intermittent tests (1 passed, 2 failed this time)``."""
     did = intermittent_did(Counter(f.result.outcome for f in found))
     return f"{len(found)} intermittent test{'s' if len(found) != 1 else ''} ({did} this time)"

@@ -14,12 +14,12 @@ from pytest_ptn.reporting.causes import cause_of, find_causes
 from pytest_ptn.reporting.matrix import (
     Cell,
     CellChange,
-    Finding,
     Matrix,
+    ReportedTest,
     build_matrix,
-    findings,
     intermittent_count,
-    intermittent_findings,
+    intermittent_tests,
+    reported_tests,
 )
 from pytest_ptn.reporting.reasons import headline
 from pytest_ptn.reporting.results import (
@@ -66,12 +66,12 @@ def _no_paint(text: str, status: str) -> str:
     return text
 
 
-def shown_by_pytest(finding: Finding) -> bool:
+def shown_by_pytest(test: ReportedTest) -> bool:
     """Whether pytest's own FAILURES section shows this failing test (a SHOULD one is an xfail to pytest)."""
-    return not (finding.result.outcome == FAIL and finding.result.level == SHOULD)
+    return not (test.result.outcome == FAIL and test.result.level == SHOULD)
 
 
-def failure_count(failed: Sequence[Finding]) -> str:
+def failure_count(failed: Sequence[ReportedTest]) -> str:
     """How many tests failed, in pytest's terms too: failed (and errors), and the SHOULD ones it xfails."""
     should = sum(1 for f in failed if not shown_by_pytest(f))
     if not should:
@@ -116,24 +116,24 @@ def render_text(doc: Results, paint: Paint = _no_paint, pytest_showed: bool = Fa
     tallies = fuzz_tallies(doc.results)
     if tallies:
         lines += ["", *(line for b, tally in tallies.items() for line in (tally.line(b), tally.coverage(b)))]
-    intermittent = intermittent_findings(doc.results)
+    intermittent = intermittent_tests(doc.results)
     if intermittent:
         lines += ["", f"{intermittent_count(intermittent)}, {INTERMITTENT_MEANING}:"]
         lines += [f"  i {f.title}: {_did(f)}" for f in intermittent]
-    failed = findings(doc.results, (FAIL, XPASS))
+    failed = reported_tests(doc.results, (FAIL, XPASS))
     if failed:
         lines += ["", f"{failure_count(failed)}:"]
-        for finding in failed:
-            number = numbers[(finding.result.nodeid, finding.result.backend)]
-            lines.append(f"  {OUTCOME_LETTERS[finding.result.outcome]} {finding.title} (cause {number})")
-            if not (pytest_showed and shown_by_pytest(finding)):
-                lines += [f"      {line}".rstrip() for line in finding.result.reason.splitlines()]
-            lines.append(f"    reproduce: {finding.result.repro}")
+        for test in failed:
+            number = numbers[(test.result.nodeid, test.result.backend)]
+            lines.append(f"  {OUTCOME_LETTERS[test.result.outcome]} {test.title} (cause {number})")
+            if not (pytest_showed and shown_by_pytest(test)):
+                lines += [f"      {line}".rstrip() for line in test.result.reason.splitlines()]
+            lines.append(f"    reproduce: {test.result.repro}")
     return lines
 
 
-def _did(finding: Finding) -> str:
-    return "passed this time" if finding.result.outcome == PASS else "failed this time"
+def _did(test: ReportedTest) -> str:
+    return "passed this time" if test.result.outcome == PASS else "failed this time"
 
 
 def render_changes_text(changes: Sequence[CellChange]) -> list[str]:
@@ -196,25 +196,25 @@ def _md_lines(text: str) -> str:
 
 
 MD_CELL_LINES = 6
-"""A reason longer than this (a fuzz failure's program) gets its first finding in the table and its whole
+"""A reason longer than this (a fuzz failure's program) gets its first line in the table and its whole
 text in a code block below it, which pastes as it was printed."""
 
 
-def _md_results_table(found: Sequence[Finding]) -> list[str]:
+def _md_results_table(found: Sequence[ReportedTest]) -> list[str]:
     lines = ["| rule | backend | scenario | outcome | reason | reproduce |", "|---|---|---|---|---|---|"]
     blocks: list[str] = []
-    for finding in found:
-        r = finding.result
+    for test in found:
+        r = test.result
         scenario = r.scenario or ""
         if r.seed is not None:
             scenario += f" (seed {r.seed})"
         reason = _md_lines(r.reason)
         if len([line for line in r.reason.splitlines() if line.strip()]) > MD_CELL_LINES:
-            reason = f"{_md(headline(r.reason))}<br>(whole text below: {_md(finding.title)})"
-            blocks += [f"<details><summary>{_md(finding.title)}: the whole text</summary>", ""]
+            reason = f"{_md(headline(r.reason))}<br>(whole text below: {_md(test.title)})"
+            blocks += [f"<details><summary>{_md(test.title)}: the whole text</summary>", ""]
             blocks += [*fenced(r.reason), "", "</details>", ""]
         lines.append(
-            f"| {_md(', '.join(finding.rules))} | {_md(r.backend)} | {_md(scenario)} | {r.outcome} | "
+            f"| {_md(', '.join(test.rules))} | {_md(r.backend)} | {_md(scenario)} | {r.outcome} | "
             f"{reason} | {_md_code(r.repro)} |"
         )
     return lines + ([""] + blocks if blocks else [])
@@ -270,15 +270,15 @@ def render_markdown(doc: Results, changes: Sequence[CellChange] | None = None) -
                 lines += [f"<details><summary>smallest program of {_md(key)}</summary>", ""]
                 lines += [*fenced(seen.smallest.rstrip("\n"), "python"), "", "</details>", ""]
         lines.append("")
-    failures = findings(doc.results, (FAIL, XPASS))
+    failures = reported_tests(doc.results, (FAIL, XPASS))
     if failures:
         lines += ["### Failures", ""] + _md_results_table(failures) + [""]
-    intermittent = intermittent_findings(doc.results)
+    intermittent = intermittent_tests(doc.results)
     if intermittent:
         head = f"Intermittent: {intermittent_count(intermittent)}, {INTERMITTENT_MEANING}"
         lines += [f"<details><summary>{_md(head)}</summary>", ""]
         lines += _md_results_table(intermittent) + ["", "</details>", ""]
-    xfails = findings(doc.results, (XFAIL,))
+    xfails = reported_tests(doc.results, (XFAIL,))
     if xfails:
         lines += [f"<details><summary>Expected failures (known bugs): {len(xfails)}</summary>", ""]
         lines += _md_results_table(xfails) + ["", "</details>", ""]
@@ -407,7 +407,7 @@ def _html_cell(cell: Cell | None) -> str:
     return f'<td class="{css}"{title}><details><summary>{head}</summary><ul>{items}</ul></details></td>'
 
 
-def _html_results_table(found: Sequence[Finding]) -> str:
+def _html_results_table(found: Sequence[ReportedTest]) -> str:
     rows = "".join(
         f"<tr><td><b>{_h(', '.join(f.rules))}</b></td><td>{_h(f.result.backend)}</td>"
         f"<td>{_h(f.result.scenario or '')}</td><td>{_html_badge(f.result.outcome)}</td>"
@@ -483,15 +483,15 @@ def render_html(doc: Results, changes: Sequence[CellChange] | None = None) -> st
                 out += [_html_cell(row.cells.get(b)) for b in matrix.backends]
                 out.append("</tr>")
         out.append("</tbody></table>")
-    failures = findings(doc.results, (FAIL, XPASS))
+    failures = reported_tests(doc.results, (FAIL, XPASS))
     if failures:
         out += ["<h2>Failures</h2>", _html_results_table(failures)]
-    intermittent = intermittent_findings(doc.results)
+    intermittent = intermittent_tests(doc.results)
     if intermittent:
         head = f"Intermittent: {intermittent_count(intermittent)}"
         out += [f"<h2>{_h(head)}</h2>", f"<p>{_h(INTERMITTENT_MEANING)}.</p>"]
         out.append(_html_results_table(intermittent))
-    xfails = findings(doc.results, (XFAIL,))
+    xfails = reported_tests(doc.results, (XFAIL,))
     if xfails:
         out += ["<h2>Expected failures (known bugs)</h2>", _html_results_table(xfails)]
     out.append("</body></html>\n")
@@ -503,7 +503,7 @@ def write_reports(doc: Results, outdir: Path, changes: Sequence[CellChange] | No
     outdir.mkdir(parents=True, exist_ok=True)
     json_path, md_path, html_path = (outdir / name for name in REPORT_FILES)
     derived: dict[str, object] = {"causes": [cause.to_dict() for cause in find_causes(doc.results)]}
-    intermittent = intermittent_findings(doc.results)
+    intermittent = intermittent_tests(doc.results)
     if intermittent:
         derived["intermittent"] = {
             "tests": len(intermittent),
