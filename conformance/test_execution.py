@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_ptn.backend import Capability
+from pytest_ptn.check.initial_state import initial_state_wrong
 from pytest_ptn.check.values import Mismatch
 from pytest_ptn.harness import Case, fail_on
 from pytest_ptn.schedule import LoadSchedule
@@ -71,14 +72,9 @@ def test_buffers_start_from_eager_values(ptn_case: Case, ptn_schedule: LoadSched
         if ptn_schedule is LoadSchedule.UP_FRONT:
             for method in ptn_case.program.method_names:
                 loaded.load_method(method)
-        state = loaded.state()
-        written = ptn_case.program.state_fqns()
-        for key, want in ptn_case.program.buffer_fqns().items():
-            have = state.get(key)
-            if (have is None and key in written) or (
-                have is not None and not have.to(want.dtype).equal(want)
-            ):
-                mismatches.append(Mismatch(0, "(load)", f"buffer {key!r} starts as {have}, eager {want}"))
+        program = ptn_case.program
+        wrong = initial_state_wrong(loaded.state(), program.buffer_fqns(), program.state_fqns())
+        mismatches += [Mismatch(0, "(load)", line) for line in wrong]
     for method in ptn_case.program.method_names:
         first_call = ptn_case.program.run_eager((method,))
         mismatches += ptn_case.run_sequence(ptn_case.load(), first_call, ptn_schedule)

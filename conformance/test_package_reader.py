@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import io
 import json
+import math
 import struct
 import time
 import tracemalloc
@@ -83,6 +84,22 @@ class Package:
                 z.writestr(zipfile.ZipInfo(name, (1980, 1, 1, 0, 0, 0)), data)
         return buf.getvalue()
 
+    def flagged(self, name: str, bit: int) -> bytes:
+        """The package with zip general purpose flag ``bit`` set on member ``name``, in its local header and
+        its central directory entry (zipfile's writer clears what a ZipInfo asks for)."""
+        blob = bytearray(self.blob)
+        with zipfile.ZipFile(io.BytesIO(self.blob)) as z:
+            local = z.getinfo(name).header_offset
+            central = z.start_dir  # type: ignore[attr-defined]
+        blob[local + 6 : local + 8] = struct.pack("<H", struct.unpack_from("<H", blob, local + 6)[0] | bit)
+        while blob[central : central + 4] == b"PK\x01\x02":
+            n, m, k = struct.unpack_from("<HHH", blob, central + 28)
+            if blob[central + 46 : central + 46 + n] == name.encode():
+                flags = struct.unpack_from("<H", blob, central + 8)[0]
+                blob[central + 8 : central + 10] = struct.pack("<H", flags | bit)
+            central += 46 + n + m + k
+        return bytes(blob)
+
     def with_aliases(self, aliases: dict[str, str], **replace: bytes) -> bytes:
         return self.rezip({self.aliases_member or ALIASES: json.dumps(aliases).encode(), **replace})
 
@@ -124,6 +141,88 @@ def absurd_header_length(p: Package) -> Made:
     ]
 
 
+def header_length_one_past_member(p: Package) -> Made:
+    """The boundary of the damage above: the header length one byte more than the member holds after it."""
+    st = p.get(p.safetensors)
+    damaged = p.rezip({p.safetensors: struct.pack("<Q", len(st) - 8 + 1) + st[8:]})
+    return damaged, [("header",), ("length", "size", "exceeds", "truncat", str(len(st) - 7))]
+
+
+def _last_tensor(p: Package) -> tuple[dict[str, Any], bytes, str]:
+    header, data = _split_safetensors(p.get(p.safetensors))
+    key = max((k for k in header if k != "__metadata__"), key=lambda k: header[k]["data_offsets"])
+    return header, data, key
+
+
+def tensor_one_byte_past_data(p: Package) -> Made:
+    """The last tensor's end one byte past the data section (its shape grown to match, if it can)."""
+    header, data, key = _last_tensor(p)
+    begin, end = header[key]["data_offsets"]
+    header[key]["data_offsets"] = [begin, end + 1]
+    damaged = p.rezip({p.safetensors: _join_safetensors(header, data)})
+    return damaged, [(key,), ("offset", "out of range", "past", "exceeds", "bounds")]
+
+
+def shape_one_element_short(p: Package) -> Made:
+    """A tensor whose shape holds one element fewer than its data offsets span."""
+    header, data, key = _last_tensor(p)
+    header[key]["shape"] = [max(1, math.prod(header[key]["shape"])) - 1]
+    damaged = p.rezip({p.safetensors: _join_safetensors(header, data)})
+    return damaged, [(key,), ("offset", "shape", "span", "size", "bytes")]
+
+
+def negative_dimension(p: Package) -> Made:
+    header, data, key = _last_tensor(p)
+    header[key]["shape"] = [-1, *header[key]["shape"]]
+    damaged = p.rezip({p.safetensors: _join_safetensors(header, data)})
+    return damaged, [(key,), ("shape", "negative", "dimension")]
+
+
+def duplicate_header_key(p: Package) -> Made:
+    """A safetensors header naming one tensor twice (JSON allows it; which entry counts is undefined)."""
+    header, data, key = _last_tensor(p)
+    raw = json.dumps(header, separators=(",", ":"))
+    entry = f"{json.dumps(key)}:{json.dumps(header[key], separators=(',', ':'))}"
+    raw = raw[:-1] + "," + entry + "}"
+    raw += " " * (-len(raw) % 8)
+    damaged = p.rezip({p.safetensors: struct.pack("<Q", len(raw)) + raw.encode() + data})
+    return damaged, [("header",), ("duplicate", "twice", "repeated"), (key,)]
+
+
+def _member_offsets(p: Package, name: str) -> tuple[int, int]:
+    """Where member ``name``'s local header and its data begin in the package."""
+    with zipfile.ZipFile(io.BytesIO(p.blob)) as z:
+        local = z.getinfo(name).header_offset
+    n, m = struct.unpack_from("<HH", p.blob, local + 26)
+    return local, local + 30 + n + m
+
+
+def bad_local_header(p: Package) -> Made:
+    """The safetensors member's local header signature overwritten: its central directory entry is fine."""
+    local, _ = _member_offsets(p, p.safetensors)
+    damaged = p.blob[:local] + b"XXXX" + p.blob[local + 4 :]
+    return damaged, [(p.safetensors,), ("corrupt", "magic", "bad", "header")]
+
+
+def bad_crc(p: Package) -> Made:
+    """The safetensors member's last byte flipped, its CRC-32 left as it was."""
+    _, data = _member_offsets(p, p.safetensors)
+    last = data + len(p.get(p.safetensors)) - 1
+    damaged = p.blob[:last] + bytes([p.blob[last] ^ 0xFF]) + p.blob[last + 1 :]
+    return damaged, [(p.safetensors,), ("crc", "checksum", "corrupt")]
+
+
+def _flagged(bit: int) -> Callable[[Package], Made]:
+    def damage(p: Package) -> Made:
+        damaged = p.flagged(p.safetensors, bit)
+        return damaged, [(p.safetensors,), ("encrypt", "unsupported", "not supported", "patched")]
+
+    damage.__name__ = {0x1: "encrypted_member", 0x20: "patched_member", 0x40: "strongly_encrypted_member"}[
+        bit
+    ]
+    return damage
+
+
 def alias_missing_owner(p: Package) -> Made:
     alias = min(p.aliases, default=NEW_ALIAS)
     damaged = p.with_aliases({**p.aliases, alias: MISSING_OWNER})
@@ -154,16 +253,36 @@ def member_escapes_folder(p: Package) -> Made:
     return damaged, [(ESCAPING_MEMBER, "escape", "outside", "traversal", "absolute")]
 
 
+def absolute_member(p: Package) -> Made:
+    damaged = p.rezip({}, extra={"/evil": b"evil"})
+    return damaged, [("/evil", "escape", "outside", "traversal", "absolute")]
+
+
+def drive_letter_member(p: Package) -> Made:
+    damaged = p.rezip({}, extra={"C:evil": b"evil"})
+    return damaged, [("C:evil", "escape", "outside", "traversal", "absolute", "drive")]
+
+
 DAMAGES: dict[str, Callable[[Package], Made]] = {
     f.__name__: f
     for f in (
         truncated_zip,
         bad_safetensors_header,
         absurd_header_length,
+        header_length_one_past_member,
+        tensor_one_byte_past_data,
+        shape_one_element_short,
+        negative_dimension,
+        duplicate_header_key,
+        bad_local_header,
+        bad_crc,
+        *(_flagged(bit) for bit in (0x1, 0x20, 0x40)),
         alias_missing_owner,
         alias_cycle,
         owner_and_alias,
         member_escapes_folder,
+        absolute_member,
+        drive_letter_member,
     )
 }
 

@@ -737,3 +737,19 @@ class ClosenessDedupe(_Loader):
 
     def make_cache(self):
         return _ClosenessCache()
+
+
+class _UncheckedInputsLoaded(ReferenceLoaded):
+    """Runs whatever a call passes: no check of the inputs against the method's exported signature."""
+
+    def _admits(self, method, inputs):
+        return None
+
+
+class UncheckedInputs(_WithLoader):
+    """X1 on calls: a call with inputs of another count, dtype or shape runs (broadcast, cast by torch) or
+    fails deep in a kernel, never refused naming the method."""
+
+    name = "broken-x1-inputs"
+
+    loaded = _UncheckedInputsLoaded

@@ -68,3 +68,18 @@ def test_a_cache_as_long_lived_as_its_backend_fails_s4_never_a_later_case(
     )
     failed = [line for line in result.outlines if line.startswith("FAILED")]
     assert failed and all("test_two_programs_in_one_process_do_not_leak" in line for line in failed), failed
+
+
+def test_a_loader_that_skips_the_input_check_fails_x1(pytester: pytest.Pytester, warm_torch: None) -> None:
+    """X1's second variant (BROKEN holds one a rule): calls with inputs the method does not take run."""
+    result = pytester.runpytest_inprocess(
+        str(suite_path()),
+        "--ptn-backend=broken_backends:UncheckedInputs",
+        "-k",
+        "test_call_with_wrong_inputs_is_refused and not in_bf16 and not in_fp16",
+        "-p",
+        "no:cacheprovider",
+    )
+    failed = [line for line in result.outlines if line.startswith("FAILED")]
+    assert failed and all("test_call_with_wrong_inputs_is_refused" in line for line in failed), failed
+    result.stdout.fnmatch_lines(["*accepted, returned outputs*"])

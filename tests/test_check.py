@@ -482,3 +482,35 @@ def test_faulty_bindings_bind_the_fresh_exports_own_keys_and_skip_subclass_weigh
         "what method 'decode''s '0.bias' would give",
         "what method 'prefill''s '0.bias' would give",
     ]
+
+
+class _OneUlpAtLoadLoaded(ReferenceLoaded):
+    def _initial_state(self) -> dict[str, torch.Tensor]:
+        return {k: torch.nextafter(t, t + 1) for k, t in super()._initial_state().items()}
+
+
+class OneUlpAtLoad(ReferenceBackend):
+    """E5: every buffer starts one ulp above its initial value (no arithmetic ran yet: E5 is exact)."""
+
+    name = "one-ulp-at-load"
+
+    def load(self, lowered: Lowered) -> ReferenceLoaded:
+        assert isinstance(lowered, ReferenceLowered)
+        return _OneUlpAtLoadLoaded(read_package(lowered.path), lowered.graphs, self.cache)
+
+
+def test_a_state_one_ulp_off_at_load_is_e5_in_check_program_as_in_the_scenario_test(
+    tmp_path: Path, pytester: pytest.Pytester, warm_torch: None
+) -> None:
+    """E5 at load is judged once (check.initial_state): exactly, on every buffer, for the scenario test and
+    for check_program alike (check_program once took a bounded difference on the written buffers alone, and
+    passed a state one ulp off)."""
+    from pytest_ptn.plugin import suite_path
+
+    found = check_program(PrefillDecode(), METHODS, CALLS, backend=OneUlpAtLoad(), workdir=tmp_path)
+    e5 = [f for f in found if f.rule == "E5"]
+    assert any("buffer 'cache' starts as" in f.detail for f in e5), [str(f) for f in found]
+    scope = ["-m", "E5", "-k", "kv_cache and not in_bf16 and not in_fp16", "-p", "no:cacheprovider"]
+    result = pytester.runpytest_inprocess(str(suite_path()), "--ptn-backend=test_check:OneUlpAtLoad", *scope)
+    assert result.parseoutcomes().get("failed", 0) > 0
+    result.stdout.fnmatch_lines(["*buffer 'shared.kv' starts as*"])

@@ -24,6 +24,8 @@ TESTS = Path(__file__).resolve().parent
 SUITE = suite_path()
 REJECTS = sorted(s.name for s in tagged("reject"))
 X1_NAMES = [f"test_rejection_names_method_and_key[reference-{name}]" for name in REJECTS]
+X1_REJECTIONS = ("-m", "X1", "-k", "test_rejection_names_method_and_key")
+"""X1's tests of rejected programs (one a `reject` scenario); not X1's call with wrong inputs."""
 QUIET = ("-p", "no:cacheprovider")
 
 
@@ -203,7 +205,7 @@ def test_a_runtime_that_cannot_load_is_unavailable_before_any_test(pytester: pyt
 def test_empty_folder_runs_the_installed_suite(pytester: pytest.Pytester, mode: list[str]) -> None:
     """The empty-folder run: same ids with and without xdist; user_properties reach the JUnit XML."""
     assert not list(pytester.path.iterdir())
-    result = run(pytester, "--ptn-backend=reference", "-m", "X1", "--junitxml=junit.xml", "-rp", *mode)
+    result = run(pytester, "--ptn-backend=reference", *X1_REJECTIONS, "--junitxml=junit.xml", "-rp", *mode)
     assert result.ret == pytest.ExitCode.OK
     outcomes = result.parseoutcomes()
     assert outcomes.get("passed") == len(REJECTS) and "failed" not in outcomes, outcomes
@@ -333,7 +335,7 @@ X1_ANY = f'rule = "X1"\nscenario = "*"\nreason = "messages are vague"\nlink = "{
 def test_expectations_turn_known_failures_into_xfails(broken: pytest.Pytester) -> None:
     path = expectations_file(broken, "broken-x1", X1_ANY)
     result = run(
-        broken, "--ptn-backend=broken_backends:VagueErrors", "-m", "X1", f"--ptn-expectations={path}"
+        broken, "--ptn-backend=broken_backends:VagueErrors", *X1_REJECTIONS, f"--ptn-expectations={path}"
     )
     assert result.ret == pytest.ExitCode.OK
     outcomes = result.parseoutcomes()
@@ -347,8 +349,7 @@ def test_no_expectations_makes_known_failures_fail(broken: pytest.Pytester) -> N
     result = run(
         broken,
         "--ptn-backend=broken_backends:VagueErrors",
-        "-m",
-        "X1",
+        *X1_REJECTIONS,
         f"--ptn-expectations={path}",
         "--ptn-no-expectations",
     )

@@ -169,23 +169,11 @@ class Judge:
         return findings, ran, None
 
     def _at_load(self, loaded: Loaded) -> list[Finding]:
-        """E5: each buffer of the state view, as loaded, is eager's (nothing computed it yet)."""
-        from pytest_ptn.programs.source import find_tensor
+        """E5: each buffer of the state view, as loaded, is eager's exactly (check.initial_state)."""
+        from pytest_ptn.check.initial_state import initial_state_wrong
 
-        state, eager = loaded.state(), self.program.eager()
-        findings = []
-        for key in self.state_rules or {}:
-            want, have, what = find_tensor(eager, key), state.get(key), f"buffer {key!r} at load"
-            if want is None:
-                continue
-            if have is None:
-                findings.append(Finding("E5", Stage.COMPARE, f"{what} is missing"))
-            elif have.shape != want.shape:
-                shapes = f"has shape {tuple(have.shape)}, eager {tuple(want.shape)}"
-                findings.append(Finding("E5", Stage.COMPARE, f"{what} {shapes}"))
-            elif (difference := Difference.between(have, want)) is not None:
-                findings.append(Finding("E5", Stage.COMPARE, what, difference=difference))
-        return findings
+        wrong = initial_state_wrong(loaded.state(), self.program.buffer_fqns(), self.program.state_fqns())
+        return [Finding("E5", Stage.COMPARE, line) for line in wrong]
 
     def _rule(self, buffer: str | None) -> str:
         """The rule a wrong value is under: its state's (E3, E4), or E1 for an output or input."""

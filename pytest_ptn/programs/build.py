@@ -16,6 +16,7 @@ from torch import nn
 from pytest_ptn.backend import EagerCall
 from pytest_ptn.instruments.comparison import reduced_precision
 from pytest_ptn.programs.export_forms import EXPORT_FORMS
+from pytest_ptn.programs.source import buffers_by_fqn
 from pytest_ptn.spec import SHARED, TENSOR_FAMILIES, VIEW_LAYOUTS, Constant, Method, ProgramSpec
 
 
@@ -379,11 +380,7 @@ class Program:
 
     def buffer_fqns(self) -> dict[str, torch.Tensor]:
         """Initial value of every buffer of the program, written or only read, by each FQN export gives it."""
-        out: dict[str, torch.Tensor] = {}
-        for module in self.modules().values():
-            for key, t in module.named_buffers(remove_duplicate=False):
-                out.setdefault(key, t.clone())
-        return out
+        return buffers_by_fqn(self.modules().values())
 
     def eager(self) -> list[EagerCall]:
         """The spec's call sequence run eagerly, computed once."""

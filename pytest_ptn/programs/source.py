@@ -193,6 +193,14 @@ class UserProgram:
             self._inspected = functionalize(self.export())
         return self._inspected
 
+    def buffer_fqns(self) -> dict[str, torch.Tensor]:
+        """Initial value of every buffer of the program, written or only read, by each FQN export gives it."""
+        return buffers_by_fqn(self.eager().values())
+
+    def state_fqns(self) -> dict[str, torch.Tensor]:
+        """Initial value of every buffer some method writes, by the FQN export gives it."""
+        return written_state(self, self.eager())
+
     def flat(self, method: str, given: Inputs) -> tuple[Any, ...]:
         """``given`` flat, in the order the lowered method (and ``eager()``'s module of it) takes it, without
         autograd history; ProgramFormError if the method takes inputs of another structure."""
@@ -426,3 +434,18 @@ def find_tensor(modules: Mapping[str, nn.Module], key: str) -> torch.Tensor | No
         if isinstance(value, torch.Tensor):
             return value
     return None
+
+
+def written_state(program: UserProgram, methods: dict[str, nn.Module]) -> dict[str, torch.Tensor]:
+    """Every buffer some method writes, as ``methods`` hold it now, by the FQN export gives it."""
+    found = {key: find_tensor(methods, key) for key in sorted(mutable_keys(program.inspected()))}
+    return {key: t.clone() for key, t in found.items() if t is not None}
+
+
+def buffers_by_fqn(modules: Iterable[nn.Module]) -> dict[str, torch.Tensor]:
+    """A copy of every buffer of ``modules`` (one program's methods), by each FQN export gives it."""
+    out: dict[str, torch.Tensor] = {}
+    for module in modules:
+        for key, t in module.named_buffers(remove_duplicate=False):
+            out.setdefault(key, t.clone())
+    return out

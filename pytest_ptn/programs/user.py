@@ -17,16 +17,15 @@ from torch.utils import _pytree as pytree
 
 from pytest_ptn import upstream_noise
 from pytest_ptn.backend import EagerCall
-from pytest_ptn.programs.exported import mutable_keys
 from pytest_ptn.programs.source import (
     Inputs,
     ProgramFormError,
     Source,
     UserProgram,
     copied,
-    find_tensor,
     leaves,
     widened,
+    written_state,
 )
 from pytest_ptn.programs.traits import derived_tags
 
@@ -123,15 +122,13 @@ class NamedProgram:
 
     def state_fqns(self) -> dict[str, torch.Tensor]:
         """Initial value of every buffer some method writes, by the FQN export gives it."""
-        return _state(self._program, self._modules())
+        self._refuse_conflict()
+        return self._program.state_fqns()
 
     def buffer_fqns(self) -> dict[str, torch.Tensor]:
         """Initial value of every buffer of the program, written or only read, by each FQN export gives it."""
-        out: dict[str, torch.Tensor] = {}
-        for module in self._modules().values():
-            for key, t in module.named_buffers(remove_duplicate=False):
-                out.setdefault(key, t.clone())
-        return out
+        self._refuse_conflict()
+        return self._program.buffer_fqns()
 
     def with_other_values(self) -> NamedProgram:
         """The same program (names, shapes, calls) holding other parameter and buffer values."""
@@ -193,14 +190,8 @@ def _calls(
             result = methods[name](*given)
             outputs = [t.clone() for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor)]
             after = tuple(copied(a) for a in given)
-            out.append(EagerCall(name, args, outputs, after, _state(program, methods)))
+            out.append(EagerCall(name, args, outputs, after, written_state(program, methods)))
     return out
-
-
-def _state(program: UserProgram, methods: dict[str, nn.Module]) -> dict[str, torch.Tensor]:
-    """Every buffer some method writes, as ``methods`` hold it now, by the FQN export gives it."""
-    found = {key: find_tensor(methods, key) for key in sorted(mutable_keys(program.inspected()))}
-    return {key: t.clone() for key, t in found.items() if t is not None}
 
 
 @dataclass(frozen=True)
