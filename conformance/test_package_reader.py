@@ -24,7 +24,7 @@ import pytest
 
 from pytest_ptn.backend import Lowered
 from pytest_ptn.harness import Case
-from pytest_ptn.ruleset import not_applicable
+from pytest_ptn.run.not_applicable import skip_not_applicable
 
 ALIASES = "aliases.json"
 ABSURD_HEADER_LENGTH = 2**62
@@ -291,10 +291,8 @@ def _lowered(case: Case) -> Lowered:
     try:
         return case.lower()
     except (Exception, pytest.fail.Exception) as e:  # the P and E rules report a failed lowering
-        pytest.skip(
-            not_applicable(
-                f"no package to damage: {case.backend.name} could not lower {case.scenario.name} ({e})"
-            )
+        skip_not_applicable(
+            f"no package to damage: {case.backend.name} could not lower {case.scenario.name} ({e})"
         )
 
 
@@ -413,7 +411,7 @@ def test_failed_save_leaves_the_package_intact(ptn_case: Case, tmp_path: Path) -
         except Exception as e:
             error = e
     if not disk.injected:
-        pytest.skip(not_applicable("could not inject a write failure (fewer than two zip member writes)"))
+        skip_not_applicable("could not inject a write failure (fewer than two zip member writes)")
 
     problems = []
     if error is None:

@@ -9,7 +9,7 @@ import torch
 
 from pytest_ptn.backend import Capability
 from pytest_ptn.harness import Case
-from pytest_ptn.ruleset import not_applicable
+from pytest_ptn.run.not_applicable import skip_not_applicable
 
 
 def _rejection(case: Case) -> Exception | None:
@@ -51,7 +51,7 @@ def test_rejection_names_method_and_key(ptn_case: Case) -> None:
     if error is None:
         if Capability.PACKAGE in ptn_case.backend.capabilities:
             pytest.fail(f"lowering accepted {ptn_case.scenario.name}; nothing to read", pytrace=False)
-        pytest.skip(not_applicable(f"{ptn_case.backend.name} accepts {ptn_case.scenario.name}"))
+        skip_not_applicable(f"{ptn_case.backend.name} accepts {ptn_case.scenario.name}")
     message = str(error)
     missing = [name for name in ptn_case.scenario.names if name not in message]
     assert not missing, f"{type(error).__name__}: {message!r} does not name {missing}"
@@ -85,15 +85,15 @@ def test_call_with_wrong_inputs_is_refused(ptn_case: Case) -> None:
     """A call whose inputs do not fit the method's exported signature (count, dtype, shape) is a rejection:
     an exception naming the method, never an answer computed from inputs the method does not take."""
     if Capability.EXECUTE not in ptn_case.backend.capabilities:
-        pytest.skip(not_applicable(f"{ptn_case.backend.name} runs no method"))
+        skip_not_applicable(f"{ptn_case.backend.name} runs no method")
     call = next((c for c in ptn_case.eager() if c.inputs), None)
     if call is None:
-        pytest.skip(not_applicable(f"no method of {ptn_case.scenario.name} takes an input"))
+        skip_not_applicable(f"no method of {ptn_case.scenario.name} takes an input")
     try:
         loaded = ptn_case.load()
         loaded.load_method(call.method)
     except (Exception, pytest.fail.Exception) as e:  # E2 reports a program that does not lower or load
-        pytest.skip(not_applicable(f"{ptn_case.backend.name} could not load {ptn_case.scenario.name} ({e})"))
+        skip_not_applicable(f"{ptn_case.backend.name} could not load {ptn_case.scenario.name} ({e})")
     problems = []
     for what, inputs in _bad_calls(call.inputs).items():
         try:

@@ -332,24 +332,23 @@ class Case:
         (max abs, max rel, SNR, and the precision the backend declares it computes float32 in). Not
         applicable where the program does not lower, or a method alone does not: nothing to judge by. Where
         the backend has a witness, each says whose it is, as E1's do (``attributed``)."""
-        import pytest
 
         from pytest_ptn.check.alone import AloneUnavailable
         from pytest_ptn.check.wrong_values import WrongValues
-        from pytest_ptn.ruleset import not_applicable
+        from pytest_ptn.run.not_applicable import skip_not_applicable
 
         lowered = self.lowered()
         if isinstance(lowered, Exception):  # E2's finding
-            pytest.skip(not_applicable(f"the program does not lower: {type(lowered).__name__}"))
+            skip_not_applicable(f"the program does not lower: {type(lowered).__name__}")
         calls = self.eager()
         try:
             ran = self.run_calls(self.load(), calls, LoadSchedule.UP_FRONT)
         except Exception as e:  # E2's or E1's finding: the program does not load or run
-            pytest.skip(not_applicable(f"the program does not run: {type(e).__name__}: {e}"))
+            skip_not_applicable(f"the program does not run: {type(e).__name__}: {e}")
         try:
             mismatches = WrongValues(self.subject()).accuracy(calls, ran)
         except AloneUnavailable as e:
-            pytest.skip(not_applicable(f"no truth of the methods alone: {e}"))
+            skip_not_applicable(f"no truth of the methods alone: {e}")
         return self.attributed(mismatches, calls, ran, LoadSchedule.UP_FRONT) if mismatches else mismatches
 
     def failure(self, error: BaseException) -> Found:

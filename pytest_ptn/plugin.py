@@ -30,7 +30,7 @@ from pytest_ptn.backend import (
 from pytest_ptn.fuzzing import progress
 from pytest_ptn.fuzzing.run import FuzzRun, FuzzShare
 from pytest_ptn.programs import catalogue, zoo
-from pytest_ptn.reporting import collect, repro, runtime_log
+from pytest_ptn.reporting import collect, repro, results, runtime_log
 from pytest_ptn.ruleset import (
     RULE_NEEDS,
     RULES,
@@ -38,11 +38,11 @@ from pytest_ptn.ruleset import (
     SPEC_VERSION,
     WAITS_FOR_CLOCK,
     is_strict_xpass,
-    not_applicable,
     should_not_met,
 )
 from pytest_ptn.run import hookspecs, stopping
 from pytest_ptn.run.failure import FOUND, Found, carried, raised_by_backend
+from pytest_ptn.run.not_applicable import OUTCOME_PROPERTY, is_not_applicable, skip_not_applicable
 from pytest_ptn.run.state import RUN_STATE, RunState
 from pytest_ptn.schedule import LoadSchedule
 from pytest_ptn.scheduling import crashes, gpus, hangs, shards, workers
@@ -522,17 +522,17 @@ def ptn_case(
 
     skip_if_not_applicable(request.node, ptn_backend)
     if "torchao" in ptn_scenario.needs and importlib.util.find_spec("torchao") is None:
-        pytest.skip(not_applicable(f"{ptn_scenario.name} needs torchao (pip install torchao)"))
+        skip_not_applicable(f"{ptn_scenario.name} needs torchao (pip install torchao)")
     mismatch = quantization_mismatch(ptn_backend, ptn_scenario.tags)
     if mismatch:
-        pytest.skip(not_applicable(f"{ptn_backend.name} on {ptn_scenario.name}: {mismatch}"))
+        skip_not_applicable(f"{ptn_backend.name} on {ptn_scenario.name}: {mismatch}")
     reason = ptn_backend.unsupported(ptn_scenario) if isinstance(ptn_scenario, Scenario) else None
     if reason:
-        pytest.skip(not_applicable(f"{ptn_backend.name} cannot express {ptn_scenario.name}: {reason}"))
+        skip_not_applicable(f"{ptn_backend.name} cannot express {ptn_scenario.name}: {reason}")
     stateless = ptn_backend.keeps_no_state()
     if stateless and isinstance(ptn_scenario, Scenario) and ptn_scenario.spec.written():
         name = f"{ptn_backend.name} on {ptn_scenario.name}"
-        pytest.skip(not_applicable(f"{name}, a program that writes state: {stateless}"))
+        skip_not_applicable(f"{name}, a program that writes state: {stateless}")
     state = request.config.stash[RUN_STATE]
     return Case(ptn_backend, ptn_scenario, lambda name: tmp_path_factory.mktemp(name), state.lowerings)
 
@@ -581,7 +581,7 @@ def ptn_fuzz(request: pytest.FixtureRequest, ptn_backend: Backend, ptn_fuzz_shar
     skip_if_not_applicable(request.node, ptn_backend)
     if Capability.QUANTIZE in ptn_backend.capabilities:
         name = ptn_backend.name
-        pytest.skip(not_applicable(f"{name} quantizes each method; generated programs compute 0-d sums"))
+        skip_not_applicable(f"{name} quantizes each method; generated programs compute 0-d sums")
     state = request.config.stash[RUN_STATE]
     profile = settings.get_profile(request.config.getoption("ptn_fuzz_profile"))
     spec = _callspec_param(request.node, "ptn_backend") or ptn_backend.name
@@ -597,7 +597,7 @@ def skip_if_not_applicable(item: pytest.Item, backend: Backend) -> None:
         missing = RULE_NEEDS[rule] - backend.capabilities
         if missing:
             names = ", ".join(sorted(c.value for c in missing))
-            pytest.skip(not_applicable(f"backend {backend.name} has no {names} capability ({rule})"))
+            skip_not_applicable(f"backend {backend.name} has no {names} capability ({rule})")
 
 
 @pytest.hookimpl(wrapper=True)
@@ -610,12 +610,16 @@ def pytest_runtest_makereport(
     if test_report.when == "call" and call.excinfo is not None:
         found = failure_found(item, call.excinfo.value)
         test_report.user_properties = carried(test_report.user_properties, found)
+    if call.excinfo is not None and is_not_applicable(call.excinfo.value):
+        marked = (OUTCOME_PROPERTY, results.NOT_APPLICABLE)
+        test_report.user_properties = [*test_report.user_properties, marked]
     rules = rules_of(item)
     should_only = bool(rules) and all(RULES[r].level == SHOULD for r in rules)
     stale = is_strict_xpass(test_report.longrepr)
     if test_report.when == "call" and test_report.failed and should_only and not stale:
         test_report.outcome = "skipped"
         test_report.wasxfail = should_not_met(rules)
+        test_report.user_properties = [*test_report.user_properties, (OUTCOME_PROPERTY, results.FAIL)]
     return test_report
 
 

@@ -29,6 +29,7 @@ CONFTEST = """
 import pytest
 from pytest_ptn.reporting import collect
 from pytest_ptn.ruleset import RULES, SHOULD, should_not_met
+from pytest_ptn.run.not_applicable import OUTCOME_PROPERTY, is_not_applicable
 
 def pytest_addoption(parser):
     collect.add_options(parser.getgroup("ptn"))
@@ -53,18 +54,22 @@ def pytest_collection_modifyitems(items):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    # As plugin.py does: a failed SHOULD test must not fail the run.
+    # As plugin.py does: a failed SHOULD test must not fail the run; a not applicable one is marked.
     report = (yield).get_result()
+    if call.excinfo is not None and is_not_applicable(call.excinfo.value):
+        report.user_properties.append((OUTCOME_PROPERTY, "not_applicable"))
     mark = item.get_closest_marker("ptn")
     if mark and report.when == "call" and report.failed:
         rules = mark.args[0].split()
         if all(RULES[r].level == SHOULD for r in rules):
             report.outcome = "skipped"
             report.wasxfail = should_not_met(rules)
+            report.user_properties.append((OUTCOME_PROPERTY, "fail"))
 """
 
 SUITE = """
 import pytest
+from pytest_ptn.run.not_applicable import skip_not_applicable
 
 ptn = pytest.mark.ptn
 
@@ -97,7 +102,7 @@ def test_strict_unexpected_pass_native():
 
 @ptn("S1", backend="native")
 def test_sharing_native():
-    pytest.skip("not applicable: native loader cannot show storage")
+    skip_not_applicable("native loader cannot show storage")
 
 @ptn("P9", backend="reference", scenario="colliding_literals")
 def test_deterministic_reference():

@@ -7,9 +7,11 @@ merged by hand. They also become ``<property>`` elements of each ``<testcase>`` 
 under every ``junit_family``; pass ``-o junit_family=xunit1`` (or ``legacy``) when the consumer validates
 against a schema, since only the xunit1 schema allows properties inside a testcase.
 
-A failed SHOULD test that the plugin turns into an xfail (so it does not fail the run) must carry a
-``wasxfail`` made by ``ruleset.should_not_met``: it is reported as a failure of that SHOULD rule, with the
-original assertion as reason, not as a known bug.
+A failed SHOULD test that the plugin turns into an xfail (so it does not fail the run) carries the outcome
+``fail`` as a property (``run.not_applicable.OUTCOME_PROPERTY``): it is reported as a failure of that SHOULD
+rule, with the original assertion as reason, not as a known bug. A test that ended as not applicable
+(``run.not_applicable.skip_not_applicable``) carries ``not_applicable`` the same way: outcomes are read from
+that property, never from a reason's words.
 
 A test an intermittent expectation lists is a non-strict xfail: it is reported as what it did this time,
 a pass (pytest's XPASS) or an expected failure, marked intermittent (``results.Result.intermittent``).
@@ -47,13 +49,12 @@ from pytest_ptn.fuzzing.tally import TALLY_PROPERTY, FuzzTally
 from pytest_ptn.reporting import render, results, stream
 from pytest_ptn.ruleset import (
     MUST,
-    NOT_APPLICABLE_PREFIX,
     RULES,
-    SHOULD_NOT_MET_PREFIX,
     SPEC_VERSION,
     is_strict_xpass,
 )
 from pytest_ptn.run import stopping
+from pytest_ptn.run.not_applicable import OUTCOME_PROPERTY
 from pytest_ptn.scheduling import shards
 
 NO_BACKEND = "(no backend)"
@@ -326,14 +327,21 @@ def _outcome(report: pytest.TestReport | pytest.CollectReport) -> str | None:
     if report.skipped:
         if xfail:
             return results.XFAIL
-        return results.NOT_APPLICABLE if _reason(report).startswith(NOT_APPLICABLE_PREFIX) else results.SKIP
+        return results.NOT_APPLICABLE if _marked(report) == results.NOT_APPLICABLE else results.SKIP
     if report.when == "call":
         return results.XPASS if xfail else results.PASS
     return None
 
 
 def _should_not_met(report: pytest.TestReport | pytest.CollectReport) -> bool:
-    return report.skipped and getattr(report, "wasxfail", "").startswith(SHOULD_NOT_MET_PREFIX)
+    """A failed SHOULD test, an xfail to pytest (the plugin marks it, pytest_runtest_makereport)."""
+    return report.skipped and hasattr(report, "wasxfail") and _marked(report) == results.FAIL
+
+
+def _marked(report: pytest.TestReport | pytest.CollectReport) -> str | None:
+    """The outcome the plugin gave the test where pytest's own does not tell it (OUTCOME_PROPERTY)."""
+    properties = getattr(report, "user_properties", ())
+    return next((value for name, value in properties if name == OUTCOME_PROPERTY), None)
 
 
 def _reason(report: pytest.TestReport | pytest.CollectReport) -> str:
