@@ -22,7 +22,9 @@ class NotApplicableReason(str):
 
 
 def skip_not_applicable(reason: str) -> NoReturn:
-    """Skip the calling test as not applicable: ``reason`` says why, for people."""
+    """Skip the calling test as not applicable: ``reason`` says why, for people. The skip is reported at
+    the caller's line, as ``pytest.skip``'s is."""
+    __tracebackhide__ = True
     pytest.skip(NotApplicableReason(not_applicable(reason)))
 
 
