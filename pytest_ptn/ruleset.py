@@ -24,10 +24,11 @@ SHOULD = "SHOULD"
 LEVELS = (MUST, SHOULD)
 
 NOT_APPLICABLE_PREFIX = "not applicable"
-"""A skip whose reason starts with this is "not applicable" in reports, not a plain skip."""
+"""How a not applicable skip's reason starts, for people; the reports tell the outcome by the skip's type
+(``run.not_applicable``), never by these words."""
 SHOULD_NOT_MET_PREFIX = "SHOULD rule"
-"""A failed SHOULD test becomes an xfail whose reason starts with this: a failure of that rule in reports,
-not a known bug, and not fatal to the run."""
+"""How the reason of a failed SHOULD test, an xfail to pytest, starts, for people; the plugin marks the
+outcome a failure of that rule as a property (``run.not_applicable.OUTCOME_PROPERTY``)."""
 STRICT_XPASS_PREFIX = "[XPASS(strict)]"
 """How pytest starts the failure text of a strict xfail that passed (a stale known failure)."""
 
