@@ -166,6 +166,29 @@ class MemoryReading:
     """The smallest growth the instrument can see (a GPU driver maps memory in pages): S6 allows one."""
 
 
+@dataclass(frozen=True)
+class Ownership:
+    """Which of a lowered program's constants the backend under test holds, per method, against the ones it
+    left to another path (a delegate's, to the portable kernels around it): a test whose constants the backend
+    holds none of did not exercise it, whatever it passed (Spec v6, "not exercised")."""
+
+    owned: dict[str, frozenset[str]]
+    """method -> the constants the backend under test holds (a delegate's payload or named data), by the
+    name the lowered program gives each."""
+    left: dict[str, frozenset[str]]
+    """method -> the constants the lowered program keeps outside the backend under test."""
+
+    def counts(self) -> tuple[int, int]:
+        """(constants owned, constants in all), over every method."""
+        owned = sum(len(names) for names in self.owned.values())
+        return owned, owned + sum(len(names) for names in self.left.values())
+
+
+OWNED_PROPERTY = "ptn_owned"
+"""The test property (``report.user_properties``) that carries how many of the constants a test checked the
+backend under test held: JSON ``[held, checked]`` (Ownership.counts)."""
+
+
 class Lowered(ABC):
     """A lowered program: the artifact on disk plus whatever the backend needs to load it."""
 
@@ -187,6 +210,11 @@ class Lowered(ABC):
         methods, as the artifact's own memory plan says; ``{}`` where it has none (the default) or keeps every
         method's memory apart. Evidence for a wrong value no replay reproduces."""
         return {}
+
+    def ownership(self) -> Ownership | None:
+        """Which of the program's constants the backend under test holds (a delegate says which it took);
+        None, the default: unknown, never assumed either way."""
+        return None
 
     def bundle_scripts(
         self, calls_file: str, files: dict[str, str], calls: Sequence[EagerCall]

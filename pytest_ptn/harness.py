@@ -20,7 +20,7 @@ from pytest_ptn.schedule import LoadSchedule
 if TYPE_CHECKING:
     import torch
 
-    from pytest_ptn.backend import Backend, EagerCall, Loaded, Lowered, Whose
+    from pytest_ptn.backend import Backend, EagerCall, Loaded, Lowered, Ownership, Whose
     from pytest_ptn.check.alone import MethodsAlone
     from pytest_ptn.check.earlier import EarlierPrograms
     from pytest_ptn.check.replayed import ProgramReplays
@@ -176,6 +176,14 @@ class Case:
         """What the session's lowering of this case gave, without lowering (None if no test lowered it yet):
         a repro bundle copies the artifact the failing test loaded."""
         return self._cache.lowered.get((id(self.backend), self.scenario.name))
+
+    def ownership(self) -> Ownership | None:
+        """Which of the lowered program's constants the backend under test holds, where it says
+        (``Lowered.ownership``); None where it does not, or nothing lowered."""
+        from pytest_ptn.backend import Lowered
+
+        lowered = self.lowering()
+        return lowered.ownership() if isinstance(lowered, Lowered) else None
 
     @cached_property
     def loader(self) -> Backend:

@@ -7,6 +7,7 @@ repository that has pytest-ptn installed pays nothing in runs that do not use it
 from __future__ import annotations
 
 import importlib.util
+import json
 import random
 import sys
 from collections.abc import Callable, Generator
@@ -19,6 +20,7 @@ from _pytest.reports import TestReport
 
 from pytest_ptn import expectations, mechanisms, upstream_noise
 from pytest_ptn.backend import (
+    OWNED_PROPERTY,
     VARIANT_SEPARATOR,
     Backend,
     BackendError,
@@ -40,7 +42,7 @@ from pytest_ptn.ruleset import (
     is_strict_xpass,
     should_not_met,
 )
-from pytest_ptn.run import hookspecs, stopping
+from pytest_ptn.run import hookspecs, not_exercised, stopping
 from pytest_ptn.run.failure import FOUND, Found, carried, raised_by_backend
 from pytest_ptn.run.not_applicable import OUTCOME_PROPERTY, is_not_applicable, skip_not_applicable
 from pytest_ptn.run.state import RUN_STATE, RunState
@@ -614,6 +616,8 @@ def pytest_runtest_makereport(
         marked = (OUTCOME_PROPERTY, results.NOT_APPLICABLE)
         test_report.user_properties = [*test_report.user_properties, marked]
     rules = rules_of(item)
+    if test_report.when == "call":
+        held_by_backend(item, rules, test_report)
     should_only = bool(rules) and all(RULES[r].level == SHOULD for r in rules)
     stale = is_strict_xpass(test_report.longrepr)
     if test_report.when == "call" and test_report.failed and should_only and not stale:
@@ -621,6 +625,30 @@ def pytest_runtest_makereport(
         test_report.wasxfail = should_not_met(rules)
         test_report.user_properties = [*test_report.user_properties, (OUTCOME_PROPERTY, results.FAIL)]
     return test_report
+
+
+def held_by_backend(item: pytest.Item, rules: list[str], test_report: TestReport) -> None:
+    """Carry how many of the checked constants the backend under test held (OWNED_PROPERTY), where it says
+    (``Lowered.ownership``); a passed test that judges how they are held, on a program it held none of,
+    ends not exercised (pytest_ptn.run.not_exercised)."""
+    from pytest_ptn.harness import Case
+
+    case = getattr(item, "funcargs", {}).get(repro.CASE_FIXTURE)
+    if not isinstance(case, Case):
+        return
+    ownership = case.ownership()
+    if ownership is None:
+        return
+    held, checked = ownership.counts()
+    counted = (OWNED_PROPERTY, json.dumps([held, checked]))
+    test_report.user_properties = [*test_report.user_properties, counted]
+    if test_report.passed and not_exercised.unexercised(rules, held, checked):
+        path, line, _ = item.reportinfo()
+        why = not_exercised.reason(case.backend.name, checked)
+        test_report.outcome = "skipped"
+        test_report.longrepr = (str(path), (line or 0) + 1, f"Skipped: {why}")
+        marked = (OUTCOME_PROPERTY, results.NOT_EXERCISED)
+        test_report.user_properties = [*test_report.user_properties, marked]
 
 
 def failure_found(item: pytest.Item, error: BaseException) -> Found:

@@ -111,6 +111,11 @@ RULE_CONDITIONS: dict[str, tuple[Capability, str]] = {
 """Rules that apply without a capability but then only case by case (conformance/test_rejection.py): the
 capability that makes them apply always, and the condition that holds without it."""
 
+JUDGE_HELD_CONSTANTS = frozenset({"E1", "E3", "E4", "E5", "S1", "S2", "S3", "S4", "S5", "S6", "S7", "A1"})
+"""Rules that judge how the backend under test holds a program's constants and state (isolation, sharing,
+accuracy): a test of them whose program the backend held none of did not exercise it, and ends "not
+exercised" (Spec v6; ``Lowered.ownership``), never passed."""
+
 WAITS_FOR_CLOCK = frozenset({"P9"})
 """Rules whose test lowers again once the zip clock has moved past the case's first package: they run last
 in their case, and in a one-worker run after every case (scheduling.workers.later_unit), when that time has

@@ -297,6 +297,7 @@ def test_results_json(suite: pytest.Pytester) -> None:
         "fuzz",
         "mechanisms",
         "whose",
+        "owned",
     }
     assert all(set(row) == fields for row in rows.values())
     outcomes = {key: row["outcome"] for key, row in rows.items()}

@@ -17,7 +17,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_ptn import upstream_noise
-from pytest_ptn.backend import Availability, Backend, Capability, Loaded, Lowered, package_version
+from pytest_ptn.backend import (
+    Availability,
+    Backend,
+    Capability,
+    Loaded,
+    Lowered,
+    Ownership,
+    package_version,
+)
 from pytest_ptn.backends import pte_replay
 
 if TYPE_CHECKING:
@@ -46,13 +54,19 @@ class PteLowered(Lowered):
         data_path: Path | None,
         methods: dict[str, MethodSignature],
         planned_together: dict[str, dict[str, set[str]]] | None = None,
+        held: Ownership | None = None,
     ):
         """``planned_together``: the memory plan's word on state other methods' tensors also use
-        (``shared_memory``); unknown (``{}``) for a .pte read back from disk alone."""
+        (``shared_memory``); unknown (``{}``) for a .pte read back from disk alone. ``held``: which constants
+        the backend under test holds (``ownership``); unknown for a .pte read back from disk alone."""
         self.path = path
         self.data_path = data_path
         self.methods = methods
         self.planned_together = planned_together or {}
+        self.held = held
+
+    def ownership(self) -> Ownership | None:
+        return self.held
 
     def shared_memory(self) -> dict[str, dict[str, set[str]]]:
         return self.planned_together
@@ -248,7 +262,14 @@ def lower_to_pte(
     if len(data) > 1:  # Runtime.load_program takes one .ptd
         raise NotImplementedError(f"lowering wrote {len(data)} .ptd files, the runtime loads one: {data}")
     lowered = {m: et.exported_program(m) for m in programs}
-    return PteLowered(path, data[0] if data else None, _signatures(lowered), planned_together(lowered))
+    delegated = any(partitioners.values())
+    return PteLowered(
+        path,
+        data[0] if data else None,
+        _signatures(lowered),
+        planned_together(lowered),
+        ownership(lowered, delegated),
+    )
 
 
 def executorch_program(
@@ -315,6 +336,30 @@ def planned_together(programs: dict[str, ExportedProgram]) -> dict[str, dict[str
             if users:
                 out.setdefault(method, {})[fqn] = users
     return out
+
+
+def ownership(programs: dict[str, ExportedProgram], delegated: bool) -> Ownership:
+    """Which constants of each lowered method the backend under test holds: with partitioners, those its
+    delegates took (each delegate call's own program lists them, the outer program the ones left to the
+    portable kernels); without, the portable runtime is what is under test, and holds them all."""
+    owned: dict[str, frozenset[str]] = {}
+    left: dict[str, frozenset[str]] = {}
+    for method, ep in programs.items():
+        outer = _constants(ep)
+        taken: set[str] = set()
+        for node in ep.graph.nodes:
+            original = getattr(getattr(ep.graph_module, str(node.target), None), "original_module", None)
+            if node.op == "get_attr" and original is not None:
+                taken |= _constants(original)
+        owned[method], left[method] = (frozenset(taken), outer) if delegated else (outer, frozenset())
+    return Ownership(owned, left)
+
+
+def _constants(ep: ExportedProgram) -> frozenset[str]:
+    """The names of the tensors a program holds: parameters, buffers (mutable ones too) and constants."""
+    sig = ep.graph_signature
+    held = (sig.inputs_to_parameters, sig.inputs_to_buffers, sig.inputs_to_lifted_tensor_constants)
+    return frozenset(name for names in held for name in names.values())
 
 
 def _span(spec: Any) -> tuple[int, int, int] | None:

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pytest_ptn import upstream_noise
-from pytest_ptn.backend import Loaded, Lowered
+from pytest_ptn.backend import Loaded, Lowered, Ownership
+from pytest_ptn.backends import pte
 
 if TYPE_CHECKING:
     import torch
@@ -69,6 +70,10 @@ class ReferenceModelLowered(Lowered):
         self.path = path
         self.program = program
         self.methods = methods
+
+    def ownership(self) -> Ownership:
+        """What the TOSA delegates took: a TOSA flow always partitions."""
+        return pte.ownership({m: self.program.exported_program(m) for m in self.methods}, delegated=True)
 
 
 class ReferenceModelLoaded(Loaded):

@@ -80,7 +80,9 @@ class FuzzRecord:
         program = reproducer(spec)
         if program not in self.drawn:  # hypothesis replays a failing program: one program, counted once
             self.drawn.add(program)
-            self.tally.add(verdict.keys, self.listed, program, program_size(spec), exercised(spec))
+            self.tally.add(
+                verdict.keys, self.listed, program, program_size(spec), exercised(spec), verdict.held
+            )
             self.progress(len(self.drawn))
         for key in verdict.keys:
             event(f"ptn mechanism {key}: {'listed' if key in self.listed else 'UNLISTED'}")

@@ -37,6 +37,10 @@ class FuzzTally:
     exercised: dict[str, int] = field(default_factory=dict)
     """Each property and relation of the survey (pytest_ptn.programs.survey) -> how many programs held it:
     what the run tried, and by its absence what it did not."""
+    known: int = 0
+    """Programs whose lowering said which constants the backend under test held (``Lowered.ownership``)."""
+    exercising: int = 0
+    """Of those, the programs with a constant the backend held: the rest did not exercise it."""
 
     def add(
         self,
@@ -45,10 +49,14 @@ class FuzzTally:
         program: str,
         size: tuple[int, int, int],
         exercised: Iterable[str] = (),
+        held: tuple[int, int] | None = None,
     ) -> None:
         """One program that showed ``keys`` (none: it passed) and held the properties and relations
-        ``exercised``."""
+        ``exercised``; ``held``: (constants the backend held, constants in all), where it says."""
         self.programs += 1
+        if held is not None:
+            self.known += 1
+            self.exercising += held[0] > 0
         for found in exercised:
             self.exercised[found] = self.exercised.get(found, 0) + 1
         keys = list(dict.fromkeys(keys))
@@ -82,6 +90,9 @@ class FuzzTally:
         if self.unseen:
             shown.append(f"listed, unseen: {', '.join(self.unseen)}")
         ran = f"fuzz on {backend}: {self.programs} programs, {self.clean} clean"
+        if self.known:
+            share = 100 * self.exercising / self.known
+            ran += f", {self.exercising} of {self.known} ({share:.0f}%) with a constant {backend} held"
         return ran + "".join(f"; {part}" for part in shown)
 
     def coverage(self, backend: str) -> str:
@@ -111,6 +122,8 @@ class FuzzTally:
                 },
                 "unseen": list(self.unseen),
                 "exercised": self.exercised,
+                "known": self.known,
+                "exercising": self.exercising,
             }
         )
 
@@ -127,6 +140,8 @@ class FuzzTally:
                 },
                 tuple(str(k) for k in data["unseen"]),
                 {str(k): int(n) for k, n in data.get("exercised", {}).items()},
+                int(data.get("known", 0)),
+                int(data.get("exercising", 0)),
             )
         except (KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"not a fuzz tally: {e}") from e
@@ -152,6 +167,8 @@ def merged(tallies: Iterable[FuzzTally]) -> FuzzTally:
             mine.programs += seen.programs
             if seen.size < mine.size:
                 mine.smallest, mine.size = seen.smallest, seen.size
+        out.known += tally.known
+        out.exercising += tally.exercising
         for found, n in tally.exercised.items():
             out.exercised[found] = out.exercised.get(found, 0) + n
         unseen = set(tally.unseen) if unseen is None else unseen & set(tally.unseen)

@@ -34,6 +34,9 @@ class Verdict:
     message: str
     whose: frozenset[Whose] = frozenset()
     """Whose the failure is, where the backend has a witness (a runtime of .pte files)."""
+    held: tuple[int, int] | None = None
+    """(constants the backend under test held, constants in all) of the lowered program, where the backend
+    says (``Lowered.ownership``); None: unknown, or nothing lowered."""
 
     @property
     def keys(self) -> list[str]:
@@ -71,6 +74,8 @@ def verdict_on(
         )
     if earlier is not None:
         earlier.add(case.program.export)
+    ownership = lowered.ownership()
+    held = None if ownership is None else ownership.counts()
     entering(Step.RUNNING)
     try:
         mismatches = spec_mismatches(case)
@@ -78,16 +83,16 @@ def verdict_on(
         verdict = _raised_running(case, e, names)
         if earlier is not None:
             earlier.showed(verdict.mechanisms)
-        return verdict
+        return dataclasses.replace(verdict, held=held)
     if earlier is not None:
         earlier.showed(m for mismatch in mismatches for m in mismatch.mechanisms)
     if not mismatches:
-        return Verdict((), "")
+        return Verdict((), "", held=held)
     lines = [f"  {m}" for m in mismatches[:SHOWN_MISMATCHES]]
     if len(mismatches) > SHOWN_MISMATCHES:
         lines.append(f"  ... and {len(mismatches) - SHOWN_MISMATCHES} more")
     how = tuple(m for mismatch in mismatches for m in mismatch.mechanisms)
-    return Verdict(how, "outputs differ from eager:\n" + "\n".join(lines), frozenset(case.whose))
+    return Verdict(how, "outputs differ from eager:\n" + "\n".join(lines), frozenset(case.whose), held)
 
 
 def _raised_running(case: Case, error: Exception, names: list[str]) -> Verdict:

@@ -44,9 +44,10 @@ from typing import Any
 import pytest
 
 from pytest_ptn import mechanisms
-from pytest_ptn.backend import WHOSE_PROPERTY
+from pytest_ptn.backend import OWNED_PROPERTY, WHOSE_PROPERTY
 from pytest_ptn.fuzzing.tally import TALLY_PROPERTY, FuzzTally
 from pytest_ptn.reporting import render, results, stream
+from pytest_ptn.reporting.held import held_shares, nothing_held
 from pytest_ptn.ruleset import (
     MUST,
     RULES,
@@ -305,7 +306,8 @@ class ConformanceReporter:
             return tw.markup(text, **_COLOURS.get(status, {}))
 
         terminalreporter.write_sep("=", f"ptn conformance (spec v{SPEC_VERSION})")
-        for line in render.render_text(self.document({}), paint, pytest_showed=True):
+        doc = self.document({})
+        for line in render.render_text(doc, paint, pytest_showed=True):
             terminalreporter.write_line(line)
         if self.report_error is not None:
             e = self.report_error
@@ -317,6 +319,8 @@ class ConformanceReporter:
         elif self.written:
             others = ", ".join(p.name for p in self.written[:-1])
             terminalreporter.write_line(f"ptn report: {self.written[-1].resolve()} (and {others})")
+        for line in nothing_held(held_shares(doc.results)):
+            terminalreporter.write_line(f"ptn: {line}", yellow=True)
 
 
 def _outcome(report: pytest.TestReport | pytest.CollectReport) -> str | None:
@@ -327,7 +331,8 @@ def _outcome(report: pytest.TestReport | pytest.CollectReport) -> str | None:
     if report.skipped:
         if xfail:
             return results.XFAIL
-        return results.NOT_APPLICABLE if _marked(report) == results.NOT_APPLICABLE else results.SKIP
+        marked = _marked(report)
+        return marked if marked in (results.NOT_APPLICABLE, results.NOT_EXERCISED) else results.SKIP
     if report.when == "call":
         return results.XPASS if xfail else results.PASS
     return None
@@ -364,6 +369,14 @@ def _backend_in(nodeid: str, backends: set[str]) -> str:
     return next((b for b in sorted(backends, key=len, reverse=True) if f"-{b}-" in params), NO_BACKEND)
 
 
+def _owned(value: str | None) -> tuple[int, int] | None:
+    """OWNED_PROPERTY's ``[held, checked]``, as the plugin wrote it."""
+    if value is None:
+        return None
+    held, checked = json.loads(value)
+    return int(held), int(checked)
+
+
 def _rows(record: _Record, backends: set[str]) -> list[results.Result]:
     props: dict[str, str] = {}
     rules: list[str] = []
@@ -393,6 +406,7 @@ def _rows(record: _Record, backends: set[str]) -> list[results.Result]:
             if mechanisms.PROPERTY in props
             else (),
             whose=props.get(WHOSE_PROPERTY),
+            owned=_owned(props.get(OWNED_PROPERTY)),
         )
         for rule in rules
     ]

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pytest_ptn.reporting.results import (
     FAIL,
     NOT_APPLICABLE,
+    NOT_EXERCISED,
     OUTCOME_LETTERS,
     OUTCOME_WORDS,
     PASS,
@@ -61,7 +62,7 @@ class Cell:
             return FAIL
         if counts[XFAIL] or self.intermittent:  # a known bug, whether it showed this time or not
             return XFAIL
-        for outcome in (PASS, NOT_APPLICABLE):
+        for outcome in (PASS, NOT_EXERCISED, NOT_APPLICABLE):
             if counts[outcome]:
                 return outcome
         return SKIP

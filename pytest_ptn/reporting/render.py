@@ -11,6 +11,7 @@ from pytest_ptn.fuzzing.tally import FuzzTally, merged
 from pytest_ptn.reporting import cause_views
 from pytest_ptn.reporting.cause_views import fenced
 from pytest_ptn.reporting.causes import cause_of, find_causes
+from pytest_ptn.reporting.held import held_shares
 from pytest_ptn.reporting.matrix import (
     Cell,
     CellChange,
@@ -25,6 +26,7 @@ from pytest_ptn.reporting.reasons import headline
 from pytest_ptn.reporting.results import (
     FAIL,
     NOT_APPLICABLE,
+    NOT_EXERCISED,
     OUTCOME_LETTERS,
     OUTCOME_WORDS,
     PASS,
@@ -40,8 +42,9 @@ from pytest_ptn.reporting.results import (
 from pytest_ptn.ruleset import LEVELS, NOT_APPLICABLE_PREFIX, SHOULD
 
 LEGEND = (
-    "legend: F fail  X xpass (a fail)  x xfail (known bug)  p pass  - n/a  s skip  . not run  "
-    "i intermittent (listed as passing or failing by timing)"
+    "legend: F fail  X xpass (a fail)  x xfail (known bug)  e not exercised (the backend held none of the "
+    "checked constants)  p pass  - n/a  s skip  . not run  i intermittent (listed as passing or failing by "
+    "timing)"
 )
 INTERMITTENT_MEANING = "listed as passing or failing by timing: either is expected, never stale"
 SHOULD_COUNTING = (
@@ -113,6 +116,9 @@ def render_text(doc: Results, paint: Paint = _no_paint, pytest_showed: bool = Fa
                 cells.append(text + " " * (widths[b] - len(cell.label if cell else ".")))
             lines.append(f"  {names[row.rule].ljust(name_width)}  " + "  ".join(cells).rstrip())
     lines += [LEGEND, SHOULD_COUNTING]
+    shares = held_shares(doc.results)
+    if shares:
+        lines += ["", *(share.line(b) for b, share in shares.items())]
     tallies = fuzz_tallies(doc.results)
     if tallies:
         lines += ["", *(line for b, tally in tallies.items() for line in (tally.line(b), tally.coverage(b)))]
@@ -175,7 +181,7 @@ def _provenance_lines(doc: Results) -> list[str]:
 
 # --- Markdown -----------------------------------------------------------------------------------------
 
-_EMOJI = {FAIL: "❌", XFAIL: "⚠️", PASS: "✅", NOT_APPLICABLE: "➖", SKIP: "⏭️"}
+_EMOJI = {FAIL: "❌", XFAIL: "⚠️", NOT_EXERCISED: "🔘", PASS: "✅", NOT_APPLICABLE: "➖", SKIP: "⏭️"}
 
 
 def _md(text: str) -> str:
@@ -256,11 +262,16 @@ def render_markdown(doc: Results, changes: Sequence[CellChange] | None = None) -
         lines.append("")
     lines += [
         "✅ pass · ❌ fail or unexpected pass (xpass) · ⚠️ expected failure: a known bug · "
+        "🔘 not exercised: the backend held none of the checked constants · "
         "➖ not applicable · ⏭️ skipped · intermittent: listed as passing or failing by timing",
         "",
         f"{SHOULD_COUNTING}.",
         "",
     ]
+    shares = held_shares(doc.results)
+    if shares:
+        lines += ["### Constants held", ""]
+        lines += [f"- {_md(share.line(b))}" for b, share in shares.items()] + [""]
     tallies = fuzz_tallies(doc.results)
     if tallies:
         lines += ["### Fuzz", ""]
@@ -371,7 +382,15 @@ table.list th, table.list td { border: 1px solid #d0d7de; padding: 4px 8px; text
   vertical-align: top; }
 table.list th { background: #f6f8fa; }
 """
-_CSS_CLASS = {FAIL: "fail", XPASS: "fail", XFAIL: "xfail", PASS: "pass", NOT_APPLICABLE: "na", SKIP: "na"}
+_CSS_CLASS = {
+    FAIL: "fail",
+    XPASS: "fail",
+    XFAIL: "xfail",
+    NOT_EXERCISED: "na",
+    PASS: "pass",
+    NOT_APPLICABLE: "na",
+    SKIP: "na",
+}
 
 
 def _h(text: object) -> str:
@@ -398,7 +417,7 @@ def _html_cell(cell: Cell | None) -> str:
     head = _h(cell.words)
     if cell.status in (FAIL, XFAIL):
         head = f'<span class="status">{cell.status.upper()}</span>{head}'
-    reasons = {one_line(r.reason, 120) for r in cell.results if r.outcome == NOT_APPLICABLE}
+    reasons = {one_line(r.reason, 120) for r in cell.results if r.outcome in (NOT_APPLICABLE, NOT_EXERCISED)}
     title = f' title="{_h("; ".join(sorted(reasons)))}"' if reasons else ""
     css = _CSS_CLASS[cell.status]
     if not cell.notable:
@@ -450,6 +469,7 @@ def render_html(doc: Results, changes: Sequence[CellChange] | None = None) -> st
         '<span><span class="xfail">XFAIL</span>expected failure: a known bug</span>'
         '<span><span class="pass">pass</span></span>'
         '<span><span class="na">n/a</span>not applicable or skipped</span>'
+        '<span><span class="na">not exercised</span>the backend held none of the checked constants</span>'
         "<span>intermittent: listed as passing or failing by timing</span>"
         "<span>&#9656; click a cell for its scenarios, reasons and reproducers</span>"
         f"<span>{_h(SHOULD_COUNTING)}</span></div>"
@@ -483,6 +503,10 @@ def render_html(doc: Results, changes: Sequence[CellChange] | None = None) -> st
                 out += [_html_cell(row.cells.get(b)) for b in matrix.backends]
                 out.append("</tr>")
         out.append("</tbody></table>")
+    shares = held_shares(doc.results)
+    if shares:
+        out += ["<h2>Constants held</h2>", "<ul>"]
+        out += [f"<li>{_h(share.line(b))}</li>" for b, share in shares.items()] + ["</ul>"]
     failures = reported_tests(doc.results, (FAIL, XPASS))
     if failures:
         out += ["<h2>Failures</h2>", _html_results_table(failures)]

@@ -27,19 +27,31 @@ XFAIL = "xfail"
 FAIL = "fail"
 XPASS = "xpass"
 NOT_APPLICABLE = "not_applicable"
+NOT_EXERCISED = "not_exercised"
+"""A test that passed on a program whose constants the backend under test held none of (a delegate that took
+none): it says nothing of the backend's own constant handling (Spec v6)."""
 SKIP = "skip"
-OUTCOMES = (PASS, XFAIL, FAIL, XPASS, NOT_APPLICABLE, SKIP)
+OUTCOMES = (PASS, XFAIL, FAIL, XPASS, NOT_EXERCISED, NOT_APPLICABLE, SKIP)
 INTERMITTENT_OUTCOMES = (PASS, XFAIL)
 """What a test its expectation lists as intermittent did this time (Result.intermittent): passed, or failed
 as expected."""
 
 # Count letters for the terminal; pytest's own letters where it has one, so the table reads like `-rA`.
 # Ordered so the worrying counts come first in a cell.
-OUTCOME_LETTERS = {FAIL: "F", XPASS: "X", XFAIL: "x", PASS: "p", NOT_APPLICABLE: "-", SKIP: "s"}
+OUTCOME_LETTERS = {
+    FAIL: "F",
+    XPASS: "X",
+    XFAIL: "x",
+    NOT_EXERCISED: "e",
+    PASS: "p",
+    NOT_APPLICABLE: "-",
+    SKIP: "s",
+}
 OUTCOME_WORDS = {
     FAIL: "fail",
     XPASS: "xpass",
     XFAIL: "xfail",
+    NOT_EXERCISED: "not exercised",
     PASS: "pass",
     NOT_APPLICABLE: "n/a",
     SKIP: "skip",
@@ -83,6 +95,9 @@ class Result:
     causes group it by. None found (a check of the test's own): the causes group it by its first line."""
     whose: str | None = None
     """Whose a failed test's failure is (a backend.Whose value), where the backend has a witness."""
+    owned: tuple[int, int] | None = None
+    """(constants the backend under test held, constants the test checked), where the backend says which it
+    holds (``Lowered.ownership``): a delegate's share of the program; None: unknown, or no program lowered."""
 
 
 @dataclass(frozen=True)
@@ -212,6 +227,7 @@ _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "fuzz": (dict, type(None)),
     "mechanisms": (list,),
     "whose": (str, type(None)),
+    "owned": (list, tuple, type(None)),
 }
 OPTIONAL_FIELDS: dict[str, Any] = {
     "schedule": None,
@@ -219,6 +235,7 @@ OPTIONAL_FIELDS: dict[str, Any] = {
     "fuzz": None,
     "mechanisms": [],
     "whose": None,
+    "owned": None,
 }
 """Fields a row written before they existed may lack, with the value that means."""
 
@@ -253,6 +270,11 @@ def _result(index: int, row: Any) -> Result:
             raise ResultsFormatError(f"{where}: fuzz: {e}") from None
     if row["whose"] is not None and row["whose"] not in set(Whose):
         raise ResultsFormatError(f"{where}: whose must be one of {', '.join(Whose)}, not {row['whose']!r}")
+    if row["owned"] is not None:
+        owned = tuple(row["owned"])
+        if len(owned) != 2 or not all(map(_count, owned)) or owned[0] > owned[1]:
+            raise ResultsFormatError(f"{where}: owned must be [held, checked] counts, not {owned!r}")
+        row["owned"] = owned
     try:
         row["mechanisms"] = from_data(row["mechanisms"])
     except ValueError as e:
