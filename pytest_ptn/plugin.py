@@ -634,17 +634,16 @@ def held_by_backend(item: pytest.Item, rules: list[str], test_report: TestReport
     from pytest_ptn.harness import Case
 
     case = getattr(item, "funcargs", {}).get(repro.CASE_FIXTURE)
-    if not isinstance(case, Case):
+    ownership = case.ownership() if isinstance(case, Case) else None
+    counts = ownership.counts() if ownership is not None else item.stash.get(not_exercised.HELD, None)
+    if counts is None:
         return
-    ownership = case.ownership()
-    if ownership is None:
-        return
-    held, checked = ownership.counts()
+    held, checked = counts
     counted = (OWNED_PROPERTY, json.dumps([held, checked]))
     test_report.user_properties = [*test_report.user_properties, counted]
     if test_report.passed and not_exercised.unexercised(rules, held, checked):
         path, line, _ = item.reportinfo()
-        why = not_exercised.reason(case.backend.name, checked)
+        why = not_exercised.reason(_callspec_param(item, "ptn_backend") or "the backend", checked)
         test_report.outcome = "skipped"
         test_report.longrepr = (str(path), (line or 0) + 1, f"Skipped: {why}")
         marked = (OUTCOME_PROPERTY, results.NOT_EXERCISED)

@@ -41,23 +41,22 @@ class EmptyDelegate(PteBackend):
         return [TakesNothing()]
 
 
-def test_an_empty_partitioner_is_not_exercised_on_every_isolation_and_sharing_test(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def run_suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, scope: str) -> pytest.RunResult:
+    """The suite on EmptyDelegate, its report in ``out``."""
     from pytest_ptn.plugin import suite_path
 
     monkeypatch.setenv("PYTHONPATH", str(TESTS))
-    scope = "not fuzz and (colliding_scalars or shared_weight or kv_cache or private_same_shape_buffers)"
-    result = pytester.runpytest_subprocess(
-        str(suite_path()),
-        "--ptn-backend=test_not_exercised:EmptyDelegate",
-        "-k",
-        scope,
-        "-p",
-        "no:cacheprovider",
-        "--ptn-report",
-        "out",
+    backend = "--ptn-backend=test_not_exercised:EmptyDelegate"
+    return pytester.runpytest_subprocess(
+        str(suite_path()), backend, "-k", scope, "-p", "no:cacheprovider", "--ptn-report", "out"
     )
+
+
+def test_an_empty_partitioner_is_not_exercised_on_every_isolation_and_sharing_test(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scope = "not fuzz and (colliding_scalars or shared_weight or kv_cache or private_same_shape_buffers)"
+    result = run_suite(pytester, monkeypatch, scope)
     rows = results.load(pytester.path / "out" / "results.json").results
     judged = [r for r in rows if r.rule in JUDGE_HELD_CONSTANTS]
     assert not [r.nodeid for r in judged if r.outcome == results.PASS]
@@ -67,6 +66,17 @@ def test_an_empty_partitioner_is_not_exercised_on_every_isolation_and_sharing_te
     assert all(r.owned is not None and r.owned[0] == 0 < r.owned[1] for r in judged if r.owned)
     result.stdout.fnmatch_lines(["*:EmptyDelegate held 0 of * checked constants (0%)*not exercised*"])
     result.stdout.fnmatch_lines(["ptn: *:EmptyDelegate held none of the constants its tests checked*"])
+
+
+def test_a_fuzz_whose_programs_an_empty_partitioner_took_nothing_of_is_not_exercised(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    result = run_suite(pytester, monkeypatch, "fuzz")
+    (fuzz,) = results.load(pytester.path / "out" / "results.json").results
+    assert fuzz.outcome == results.NOT_EXERCISED and fuzz.fuzz is not None, fuzz.reason
+    assert 0 < fuzz.fuzz.known <= fuzz.fuzz.programs and fuzz.fuzz.exercising == 0
+    said = "fuzz on *:EmptyDelegate: * programs, * clean, 0 of * (0%) with a constant*"
+    result.stdout.fnmatch_lines([said])
 
 
 def test_a_delegate_holds_the_weights_its_partitioner_took_and_leaves_the_rest(tmp_path: Path) -> None:

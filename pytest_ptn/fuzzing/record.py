@@ -19,6 +19,7 @@ from pytest_ptn.fuzzing.tally import TALLY_PROPERTY, FuzzTally
 from pytest_ptn.fuzzing.verdict import UnlistedMechanism, program_size, unlisted, verdict_on
 from pytest_ptn.mechanisms import Mechanism, Step
 from pytest_ptn.run.failure import FOUND, Found
+from pytest_ptn.run.not_exercised import HELD
 from pytest_ptn.run.state import FAILING_PROGRAMS
 from pytest_ptn.scheduling import crashes
 
@@ -58,6 +59,8 @@ class FuzzRecord:
         self.shown: dict[str, Mechanism] = {}  # each unlisted mechanism as the program that failed showed it
         self.whose: dict[str, frozenset[Whose]] = {}
         self.drawn: set[str] = set()
+        self.held = (0, 0)
+        """(constants the backend held, constants in all) over the programs whose lowering said."""
 
     def _entering(self, step: Step) -> None:
         """The step a crash of the worker names; a child has its own limit."""
@@ -83,6 +86,8 @@ class FuzzRecord:
             self.tally.add(
                 verdict.keys, self.listed, program, program_size(spec), exercised(spec), verdict.held
             )
+            if verdict.held is not None:
+                self.held = (self.held[0] + verdict.held[0], self.held[1] + verdict.held[1])
             self.progress(len(self.drawn))
         for key in verdict.keys:
             event(f"ptn mechanism {key}: {'listed' if key in self.listed else 'UNLISTED'}")
@@ -110,6 +115,8 @@ class FuzzRecord:
             found = list(unlisted_ones.exceptions)
         finally:
             item.user_properties.append((TALLY_PROPERTY, self.tally.finish(self.listed).to_json()))
+            if self.tally.known:
+                item.stash[HELD] = self.held
         # Hypothesis replays each failing (nightly: shrunk) program last; its notes, which repeat the
         # program, stay behind with its exception: each program is printed once, as a test.
         backend = dict(item.user_properties).get("ptn_backend", self.backend.name)

@@ -8,7 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import pytest
+
 from pytest_ptn.ruleset import JUDGE_HELD_CONSTANTS
+
+HELD = pytest.StashKey[tuple[int, int]]()
+"""On a test that judges several programs itself (the fuzz): (constants the backend held, constants in all)
+over the programs whose lowering said, summed; the plugin reads it as it reads a case's."""
 
 NOT_EXERCISED_PREFIX = "not exercised"
 """How a not exercised test's reason starts, for people; the reports tell the outcome by the plugin's mark
