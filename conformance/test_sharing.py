@@ -12,7 +12,7 @@ from pytest_ptn.check.earlier import EarlierPrograms
 from pytest_ptn.check.explain import Replay
 from pytest_ptn.check.findings import Finding
 from pytest_ptn.check.storage import (
-    concurrent_partition,
+    concurrent_change,
     partition,
     shared_differing_findings,
     split_identical_findings,
@@ -152,21 +152,10 @@ def test_sharing_check_costs_no_memory(ptn_case: Case) -> None:
         pytest.fail(said, pytrace=False)
 
 
-CONCURRENT_ATTEMPTS = 16
-"""How many times S7 loads every method at once before it passes. A check-then-insert race shows only when
-the threads interleave just so: one try passes or fails by chance, and a baseline taken from one run would
-not hold for the next."""
-
-
 @pytest.mark.S7
 @pytest.mark.ptn_scenarios("dedupe")
 def test_concurrent_loads_give_the_same_topology(ptn_case: Case) -> None:
     programs = ptn_case.exported()
     sequential = partition(topology(_load_all(ptn_case), programs))
-    attempt, concurrent = 0, sequential
-    while concurrent == sequential and attempt < CONCURRENT_ATTEMPTS:
-        attempt += 1
-        concurrent = concurrent_partition(ptn_case.backend, ptn_case.lower(), programs)
-    assert concurrent == sequential, (
-        f"threads change the sharing topology (in concurrent load {attempt} of up to {CONCURRENT_ATTEMPTS})"
-    )
+    changed = concurrent_change(ptn_case.backend, ptn_case.lower(), programs, sequential)
+    assert changed is None, changed

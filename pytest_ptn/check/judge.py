@@ -35,7 +35,7 @@ ACCURACY = "A1"
 def judged(backend: Backend, program: UserProgram, sequence: list, workdir: Path) -> list[Finding]:
     """Every finding of ``program`` on ``backend``: lowered, loaded and run as the module docstring says."""
     from pytest_ptn.check.package import package_findings
-    from pytest_ptn.check.storage import concurrent_partition, partition, storage_findings, topology
+    from pytest_ptn.check.storage import concurrent_change, partition, storage_findings, topology
 
     if program.conflict is not None:
         return rejection(backend, program, program.conflict, workdir)
@@ -66,14 +66,9 @@ def judged(backend: Backend, program: UserProgram, sequence: list, workdir: Path
             findings.append(
                 Finding("S5", Stage.STORAGE, "the sharing topology depends on the order methods load in")
             )
-        if partition(storages) != concurrent_partition(backend, lowered, inspected):
-            findings.append(
-                Finding(
-                    "S7",
-                    Stage.STORAGE,
-                    "loading the methods from several threads at once changes the sharing topology",
-                )
-            )
+        changed = concurrent_change(backend, lowered, inspected, partition(storages))
+        if changed is not None:
+            findings.append(Finding("S7", Stage.STORAGE, changed))
     return findings
 
 

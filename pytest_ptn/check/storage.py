@@ -37,13 +37,31 @@ def partition(storages: dict[Pair, int]) -> set[frozenset[Pair]]:
     return {frozenset(g) for g in groups.values()}
 
 
+CONCURRENT_ATTEMPTS = 16
+"""How many times S7 loads every method at once before it passes. A check-then-insert race shows only when
+the threads interleave just so: one try passes or fails by chance, and a baseline taken from one run would
+not hold for the next."""
+
+
 def concurrent_partition(backend: Backend, lowered: Lowered, programs: dict) -> set[frozenset[Pair]]:
-    """S7: the sharing topology when every method of ``lowered`` loads at once, each from its own thread, in
-    a new instance of ``backend`` (empty caches, so the threads race to fill them)."""
+    """The sharing topology when every method of ``lowered`` loads at once, each from its own thread, in a
+    new instance of ``backend`` (empty caches, so the threads race to fill them)."""
     loaded = type(backend)().load(lowered)
     with concurrent.futures.ThreadPoolExecutor(max_workers=len(programs)) as pool:
         list(pool.map(loaded.load_method, list(programs)))
     return partition(topology(loaded, programs))
+
+
+def concurrent_change(
+    backend: Backend, lowered: Lowered, programs: dict, sequential: set[frozenset[Pair]]
+) -> str | None:
+    """S7, judged once for the conformance test and check_program: the first of up to CONCURRENT_ATTEMPTS
+    concurrent loads whose topology differs from ``sequential``, said; None where none does."""
+    for attempt in range(1, CONCURRENT_ATTEMPTS + 1):
+        if concurrent_partition(backend, lowered, programs) != sequential:
+            tries = f"in concurrent load {attempt} of up to {CONCURRENT_ATTEMPTS}"
+            return f"threads change the sharing topology ({tries})"
+    return None
 
 
 def storage_findings(storages: dict[Pair, int], programs: dict) -> list[Finding]:
