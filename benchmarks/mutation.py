@@ -24,6 +24,10 @@ mutants: changes inside annotations (every file has ``from __future__ import ann
 (killed + timeout) / (mutants - equivalent). Prints one row per file, then every survivor and plugin crash;
 exits 1 if a mutant it ran survived or crashed the plugin (2: the unmutated suite does not pass).
 
+``--baseline killers`` runs, instead of the whole unmutated suite first, only the tests that killed a mutant,
+after the mutants: all a kill's verdict rests on, in seconds rather than the suite's minute or more, for a
+small fixed sample (CI's, .ci/run); without coverage, a mutant on a statement never executed is run.
+
     python benchmarks/mutation.py [--sample N] [--files planner.py,zipdata.py] [--jobs 2] [--json OUT]
     python benchmarks/mutation.py --lines zipdata.py:43,planner.py:105   # the mutants of those lines
 """
@@ -70,6 +74,7 @@ SUITE = ["--ptn-backend=reference", "--ptn-no-expectations", "-p", "no:cacheprov
 SUITE += ["-W", "ignore::SyntaxWarning"]
 """A mutant ``x is "literal"`` warns when compiled, which the project's ``filterwarnings = error`` would turn
 into a collection error wherever it is imported first: run it as Python runs it."""
+SUITE_BASELINE, KILLERS_BASELINE = "suite", "killers"
 COVERAGE_FROM = 40
 """Measuring coverage makes the baseline run about 2.5x longer (one suite's time more): worth it only where
 it spares more full runs than that, on runs of many mutants."""
@@ -228,9 +233,11 @@ class Run:
     seconds: float = 0.0
 
 
-def run_suite(tree: Path, timeout: float, coverage: Path | None = None) -> Run:
+def run_suite(
+    tree: Path, timeout: float, coverage: Path | None = None, tests: list[str] | None = None
+) -> Run:
     """Run the suite of ``tree`` (its package on PYTHONPATH) in an empty folder and read what failed;
-    ``coverage``: measure the targets' lines into this JSON file."""
+    ``coverage``: measure the targets' lines into this JSON file; ``tests``: only these node ids."""
     with tempfile.TemporaryDirectory(prefix="ptn-mutation-") as tmp:
         work = Path(tmp)
         probe, report = work / "probe.jsonl", work / "report"
@@ -246,8 +253,8 @@ def run_suite(tree: Path, timeout: float, coverage: Path | None = None) -> Run:
             dirs = sorted({str(tree / Path(t).parent if t.endswith(".py") else tree / t) for t in TARGETS})
             measure = [*(f"--cov={d}" for d in dirs), f"--cov-report=json:{coverage}"]
         command = [
-            sys.executable, "-m", "pytest", str(tree / "conformance"), *SUITE, *measure,
-            "-p", "_mutation_probe", f"--ptn-report={report}", f"--basetemp={work / 'tmp'}",
+            sys.executable, "-m", "pytest", *[str(tree / t) for t in tests or ["conformance"]], *SUITE,
+            *measure, "-p", "_mutation_probe", f"--ptn-report={report}", f"--basetemp={work / 'tmp'}",
         ]  # fmt: skip
         t0 = time.perf_counter()
         proc = subprocess.Popen(
@@ -349,6 +356,14 @@ def main() -> None:
     )
     ap.add_argument("--rev", help="mutate `git archive REV` instead of the working files")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per run of the suite (default 600)")
+    ap.add_argument(
+        "--baseline",
+        choices=(SUITE_BASELINE, KILLERS_BASELINE),
+        default=SUITE_BASELINE,
+        help="the unmutated run that makes a kill count: the whole suite, first (default), or only the tests "
+        "that killed a mutant, after the mutants (seconds, not the suite's minute or two: a small fixed "
+        "sample, as CI runs; no coverage, so a mutant on a statement the suite never executes is run)",
+    )
     ap.add_argument("--run-equivalents", action="store_true", help="run the listed equivalents too")
     ap.add_argument("--json", type=Path, help="write every mutant's verdict to this file")
     args = ap.parse_args()
@@ -394,13 +409,20 @@ def main() -> None:
         free: queue.Queue[Path] = queue.Queue()
         for tree in trees[1:]:
             free.put(tree)
-        covered = Path(tmp) / "coverage.json" if len(todo) > COVERAGE_FROM else None
+        whole = args.baseline == SUITE_BASELINE
+        base = Run()
+        covered = Path(tmp) / "coverage.json" if whole and len(todo) > COVERAGE_FROM else None
         t_mutants = time.perf_counter()
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
             # the unmutated suite must pass: first, alone, where its coverage decides what runs; else beside
-            baseline = pool.submit(run_suite, trees[0], args.timeout, covered)
-            baseline.add_done_callback(lambda _: free.put(trees[0]))
+            # (or, --baseline killers, only the tests that killed, after the mutants: below)
+            baseline = pool.submit(run_suite, trees[0], args.timeout, covered) if whole else None
+            if baseline is not None:
+                baseline.add_done_callback(lambda _: free.put(trees[0]))
+            else:
+                free.put(trees[0])
             if covered is not None:
+                assert baseline is not None
                 never = {id(m) for m in not_executed(trees[0], todo, _passed(baseline.result(), covered))}
                 for m in todo:
                     if id(m) in never:
@@ -411,8 +433,15 @@ def main() -> None:
                 said = f" by {m.by}" if m.by else ""
                 print(f"[{i}/{len(todo)}] {m.describe()}: {m.verdict}{said} ({m.seconds:.1f} s)",
                       file=sys.stderr, flush=True)  # fmt: skip
-            _passed(baseline.result(), covered)
+            if baseline is not None:
+                _passed(baseline.result(), covered)
+                base = baseline.result()
         t_mutants = time.perf_counter() - t_mutants
+        if baseline is None:
+            # a kill counts only where the test that made it passes on the unmutated tree
+            killers = sorted({m.by.split(" ", 1)[1] for m in todo if m.verdict == KILLED})
+            base = run_suite(trees[0], args.timeout, tests=killers) if killers else Run()
+            _passed(base, None)
 
     wrong = [m for m in chosen if m.reason and m.verdict in (KILLED, TIMEOUT)]
     for m in chosen:
@@ -422,9 +451,9 @@ def main() -> None:
     print(
         f"total {time.perf_counter() - t_start:.0f} s: {len(todo)} mutants run in {t_mutants:.0f} s with "
         f"--jobs {args.jobs} ({t_mutants / max(len(todo), 1):.1f} s per mutant; each "
-        f"{sum(m.seconds for m in todo) / max(len(todo), 1):.1f} s on average), baseline suite "
-        f"{baseline.result().seconds:.0f} s{' with coverage' if covered else ''}; load average {_load()} at "
-        "the end"
+        f"{sum(m.seconds for m in todo) / max(len(todo), 1):.1f} s on average), baseline "
+        f"{'suite' if whole else 'of the killing tests'} {base.seconds:.0f} s"
+        f"{' with coverage' if covered else ''}; load average {_load()} at the end"
     )
     if args.json:
         args.json.write_text(json.dumps([asdict(m) for m in chosen], indent=1))

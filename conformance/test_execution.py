@@ -5,11 +5,16 @@ methods up front, or each at its first call); A1: the method alone agrees with e
 from __future__ import annotations
 
 import pytest
+import torch
+from torch import nn
+from torch.export import Dim
 
-from pytest_ptn.backend import Capability
+from pytest_ptn.backend import Backend, Capability
 from pytest_ptn.check.initial_state import initial_state_wrong
 from pytest_ptn.check.values import Mismatch
-from pytest_ptn.harness import Case, fail_on
+from pytest_ptn.harness import Case, fail_on, spec_mismatches
+from pytest_ptn.programs.user import NamedProgram
+from pytest_ptn.run.not_applicable import skip_not_applicable
 from pytest_ptn.schedule import LoadSchedule
 
 
@@ -22,6 +27,82 @@ def _what(case: Case, schedule: LoadSchedule, what: str) -> str:
 def test_each_method_matches_eager(ptn_case: Case, ptn_schedule: LoadSchedule) -> None:
     mismatches = ptn_case.run_sequence(ptn_case.load(), schedule=ptn_schedule)
     fail_on(mismatches, _what(ptn_case, ptn_schedule, "outputs differ from eager"))
+
+
+@pytest.mark.E1
+def test_calls_across_a_dynamic_range_match_eager(
+    ptn_backend: Backend, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """E1 on a method exported over a dynamic dimension, which no catalogue scenario has: ``prefill`` takes
+    a prompt of 2 to 16 rows and is called at both ends of that range and between them, ``decode`` one row,
+    under every load schedule. A runtime that holds a method to the size it was traced at (5 rows) refuses
+    the other sizes or computes them wrong.
+
+    One dynamic method, as an LLM's prefill and decode have: two dynamic methods in one program, and a range
+    from 1, are each the hazard of a catalogue scenario, where a backend's expectations can list what they
+    find (measured: openvino returns the second dynamic method's calls at its range's upper size; native's
+    interpreter refuses a range from 1 at 1, which torch's shape environment starts at 2)."""
+    if Capability.EXECUTE not in ptn_backend.capabilities:
+        skip_not_applicable(f"backend {ptn_backend.name} has no execute capability (E1)")
+    if Capability.QUANTIZE in ptn_backend.capabilities:
+        skip_not_applicable(
+            f"{ptn_backend.name} quantizes each method, and this program is not quantization-friendly"
+        )
+    scenario, _ = _prompt_program().scenario()
+    case = Case(ptn_backend, scenario, lambda name: tmp_path_factory.mktemp(name))
+    fail_on(spec_mismatches(case), "outputs differ from eager")
+
+
+PROMPT_ROWS = (2, 16)
+"""``prefill``'s range of rows, both ends included."""
+TRACED_ROWS = 5
+WIDTH = 320
+"""A row's size, a small model's hidden size: past 256, where sizes compared by identity rather than value
+differ (CPython keeps one object for each smaller int)."""
+
+
+class _Prompt(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.linspace(-1, 1, WIDTH))
+        self.scale = nn.Parameter(torch.linspace(0.5, 2, WIDTH))
+
+    def prefill(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.weight
+
+    def decode(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.scale + self.weight
+
+
+class _Method(nn.Module):
+    def __init__(self, model: nn.Module, name: str) -> None:
+        super().__init__()
+        self.model, self.name = model, name
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return getattr(self.model, self.name)(x)
+
+
+def _prompt_program() -> NamedProgram:
+    """``_Prompt``'s methods, ``prefill`` exported with its rows dynamic and called at its range's ends and
+    middle, then ``decode`` on one row."""
+    model = _Prompt()
+    low, high = PROMPT_ROWS
+    prompt = torch.linspace(-2, 2, TRACED_ROWS * WIDTH).reshape(TRACED_ROWS, WIDTH)
+    token = torch.ones(1, WIDTH)
+    rows = Dim("rows", min=low, max=high)
+    exported = {
+        "prefill": torch.export.export(
+            _Method(model, "prefill"), (prompt,), dynamic_shapes=({0: rows},), strict=False
+        ),
+        "decode": torch.export.export(_Method(model, "decode"), (token,), strict=False),
+    }
+    generator = torch.Generator().manual_seed(67)
+    calls = [
+        (name, (torch.randn(n, WIDTH, generator=generator),))
+        for name, n in [("prefill", low), ("decode", 1), ("prefill", (low + high) // 2), ("prefill", high)]
+    ]
+    return NamedProgram("prompt_rows", exported, {"prefill": (prompt,), "decode": (token,)}, calls=calls)
 
 
 @pytest.mark.E2

@@ -8,6 +8,7 @@ true of the reference package and of the native ``.ptn``.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import io
 import json
 import math
@@ -31,6 +32,7 @@ ABSURD_HEADER_LENGTH = 2**62
 MISSING_OWNER = "ptn-x2/missing-owner"
 CYCLE_KEY = "ptn-x2/cycle"
 NEW_ALIAS = "ptn-x2/alias"
+SECOND_ENTRY = "ptn-x2/second-entry"
 ESCAPING_MEMBER = "../evil"
 TIME_LIMIT_S = 30.0
 """A damaged package of a few kilobytes is refused in far less; more means unbounded work."""
@@ -100,8 +102,41 @@ class Package:
             central += 46 + n + m + k
         return bytes(blob)
 
+    def names_flagged_utf8(self) -> bytes:
+        """The package with every member name flagged as UTF-8 (flag bit 11), as writers that always encode
+        names in UTF-8 flag ASCII names too (Java's ZipOutputStream): the names' bytes are unchanged."""
+        blob = self.blob
+        for info, _ in self.members:
+            blob = dataclasses.replace(self, blob=blob).flagged(info.filename, 0x800)
+        return blob
+
+    def streamed(self) -> bytes:
+        """The same members written as a zip writer writes to a pipe, which cannot seek back: each member's
+        sizes and CRC-32 follow its data in a data descriptor (flag bit 3), its local header holds zeros."""
+        out = _Pipe()
+        with zipfile.ZipFile(out, "w") as z:
+            for info, data in self.members:
+                fresh = zipfile.ZipInfo(info.filename, info.date_time)
+                fresh.compress_type, fresh.external_attr = info.compress_type, info.external_attr
+                z.writestr(fresh, data)
+        return bytes(out.written)
+
     def with_aliases(self, aliases: dict[str, str], **replace: bytes) -> bytes:
         return self.rezip({self.aliases_member or ALIASES: json.dumps(aliases).encode(), **replace})
+
+
+class _Pipe(io.RawIOBase):
+    """A write-only stream that cannot seek, as a pipe or a socket."""
+
+    def __init__(self) -> None:
+        self.written = bytearray()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: Any) -> int:
+        self.written += b
+        return len(b)
 
 
 def _split_safetensors(st: bytes) -> tuple[dict[str, Any], bytes]:
@@ -169,6 +204,32 @@ def shape_one_element_short(p: Package) -> Made:
     header[key]["shape"] = [max(1, math.prod(header[key]["shape"])) - 1]
     damaged = p.rezip({p.safetensors: _join_safetensors(header, data)})
     return damaged, [(key,), ("offset", "shape", "span", "size", "bytes")]
+
+
+def tensors_overlap(p: Package) -> Made:
+    """A second header entry over the bytes of the largest tensor (a dedupe that reused the owner's offsets
+    instead of writing an alias): safetensors requires the tensors to tile the data section, none sharing a
+    byte."""
+    header, data = _split_safetensors(p.get(p.safetensors))
+    key = max((k for k in header if k != "__metadata__"), key=lambda k: _span(header[k]))
+    assert _span(header[key]) > 0, f"{p.safetensors}: every tensor is empty, none to overlap"
+    header[SECOND_ENTRY] = dict(header[key])
+    damaged = p.rezip({p.safetensors: _join_safetensors(header, data)})
+    return damaged, [(key, SECOND_ENTRY), ("overlap",)]
+
+
+def gap_between_tensors(p: Package) -> Made:
+    """One byte that belongs to no tensor, before the last one: the same requirement, the other way."""
+    header, data, key = _last_tensor(p)
+    begin, end = header[key]["data_offsets"]
+    header[key]["data_offsets"] = [begin + 1, end + 1]
+    damaged = p.rezip({p.safetensors: _join_safetensors(header, data[:begin] + b"\0" + data[begin:])})
+    return damaged, [(key,), ("gap", "hole", "not contiguous", "unused")]
+
+
+def _span(spec: dict[str, Any]) -> int:
+    begin, end = spec["data_offsets"]
+    return int(end - begin)
 
 
 def negative_dimension(p: Package) -> Made:
@@ -263,6 +324,13 @@ def drive_letter_member(p: Package) -> Made:
     return damaged, [("C:evil", "escape", "outside", "traversal", "absolute", "drive")]
 
 
+def drive_alone_member(p: Package) -> Made:
+    """The boundary of the damage above: a member named by a drive alone, which names that drive's current
+    folder wherever the package is unpacked."""
+    damaged = p.rezip({}, extra={"C:": b"evil"})
+    return damaged, [("'C:'", "escape", "outside", "traversal", "absolute", "drive")]
+
+
 DAMAGES: dict[str, Callable[[Package], Made]] = {
     f.__name__: f
     for f in (
@@ -272,6 +340,8 @@ DAMAGES: dict[str, Callable[[Package], Made]] = {
         header_length_one_past_member,
         tensor_one_byte_past_data,
         shape_one_element_short,
+        tensors_overlap,
+        gap_between_tensors,
         negative_dimension,
         duplicate_header_key,
         bad_local_header,
@@ -283,6 +353,7 @@ DAMAGES: dict[str, Callable[[Package], Made]] = {
         member_escapes_folder,
         absolute_member,
         drive_letter_member,
+        drive_alone_member,
     )
 }
 
@@ -303,7 +374,7 @@ def test_damaged_package_is_refused_clearly(ptn_case: Case, damage: str, tmp_pat
     lowered = _lowered(ptn_case)
     lowered.package()  # the undamaged package reads: otherwise refusing the damaged one proves nothing
     blob, groups = DAMAGES[damage](Package.read(lowered.path))
-    path = tmp_path / f"{damage}{lowered.path.suffix}"
+    path = tmp_path / f"package{lowered.path.suffix}"  # not the damage's name: the message must say it
     path.write_bytes(blob)
     damaged = copy.copy(lowered)
     damaged.path = path
@@ -333,17 +404,65 @@ def test_damaged_package_is_refused_clearly(ptn_case: Case, damage: str, tmp_pat
     if error is None:
         pytest.fail(f"a package with damage {damage!r} was read without complaint ({path})", pytrace=False)
     message = str(error)
+    said = message.replace(str(path), "").replace(path.name, "")  # what it says besides naming the file
     problems = []
     if path.name not in message:
         problems.append(f"does not name the file {path.name!r}")
     for group in groups:
-        if not any(phrase.lower() in message.lower() for phrase in group):
+        if not any(phrase.lower() in said.lower() for phrase in group):
             problems.append(f"does not say what is wrong (none of {list(group)})")
     if elapsed > TIME_LIMIT_S:
         problems.append(f"took {elapsed:.1f}s (limit {TIME_LIMIT_S:.0f}s)")
     if peak > MEMORY_LIMIT:
         problems.append(f"allocated {peak / 2**20:.0f} MiB (limit {MEMORY_LIMIT / 2**20:.0f} MiB)")
     assert not problems, f"damage {damage!r}: {type(error).__name__}({message!r}) " + "; ".join(problems)
+
+
+REWRITES: dict[str, Callable[[Package], bytes]] = {
+    "streamed": Package.streamed,
+    "names_flagged_utf8": Package.names_flagged_utf8,
+}
+"""What zip writers do to a package without damaging it: its members, their names and bytes unchanged."""
+
+
+@pytest.mark.X2
+@pytest.mark.ptn_scenarios("dedupe")
+@pytest.mark.parametrize("rewrite", sorted(REWRITES))
+def test_package_rewritten_by_another_zip_writer_reads_the_same(
+    ptn_case: Case, rewrite: str, tmp_path: Path
+) -> None:
+    """The other side of X2's damages: a zip writer's choices that leave every member's name and bytes as
+    they were are no damage. The package rezipped with a data descriptor after each member (flag bit 3, as
+    written to a pipe), or with its names flagged as UTF-8 (bit 11), reads back to the same package; a
+    reader that takes a flag bit it does not know for damage refuses valid packages."""
+    lowered = _lowered(ptn_case)
+    view = lowered.package()
+    path = tmp_path / f"{rewrite}{lowered.path.suffix}"
+    path.write_bytes(REWRITES[rewrite](Package.read(lowered.path)))
+    rewritten = copy.copy(lowered)
+    rewritten.path = path
+    try:
+        again = rewritten.package()
+    except Exception as e:
+        pytest.fail(
+            f"the package rezipped ({rewrite}), every member's name and bytes unchanged, was refused: "
+            f"{type(e).__name__}: {e}",
+            pytrace=False,
+        )
+    problems = [
+        f"its {what} differ"
+        for what, mine, theirs in (
+            ("bindings", view.bindings, again.bindings),
+            ("stored entries", view.entries, again.entries),
+            ("aliases", view.aliases, again.aliases),
+            ("state keys", view.state_keys, again.state_keys),
+        )
+        if mine != theirs
+    ]
+    problems += [
+        f"{name!r} reads other bytes" for name in view.entries if not view.read(name).equal(again.read(name))
+    ]
+    assert not problems, f"the package rezipped ({rewrite}) reads back otherwise: " + "; ".join(problems)
 
 
 class _DiskFull:

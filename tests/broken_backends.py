@@ -23,6 +23,7 @@ from pytest_ptn.backends.reference import ReferenceBackend
 from pytest_ptn.instruments import content
 from pytest_ptn.reference import package as reference_package
 from pytest_ptn.reference import planner
+from pytest_ptn.reference.inputs import CallRefused
 from pytest_ptn.reference.loader import ReferenceLoaded, ReferenceLowered
 from pytest_ptn.reference.package import Package, read_package
 from pytest_ptn.reference.planner import ConstantUse, PackagePlan
@@ -753,3 +754,90 @@ class UncheckedInputs(_WithLoader):
     name = "broken-x1-inputs"
 
     loaded = _UncheckedInputsLoaded
+
+
+class _FlagStrictLowered(ReferenceLowered):
+    """Refuses a package any of whose zip members has a general purpose flag bit set, before reading it."""
+
+    def package(self):
+        with zipfile.ZipFile(self.path) as z:
+            flagged = [(i.filename, i.flag_bits) for i in z.infolist() if i.flag_bits]
+        if flagged:
+            name, bits = flagged[0]
+            raise ValueError(
+                f"{self.path}: zip member {name!r} sets flag bits {bits:#x}, refused as unsupported"
+            )
+        return super().package()
+
+
+class RefusesZipFlags(ReferenceBackend):
+    """X2's other side: the reader takes every zip flag bit for damage (a check of ``flag_bits != 0``
+    rather than of the bits a package never uses), so a valid package written by a zip writer that adds a
+    data descriptor or flags its names as UTF-8 is refused."""
+
+    name = "broken-x2-flags"
+
+    def lower(self, programs, workdir: Path) -> ReferenceLowered:
+        lowered = super().lower(programs, workdir)
+        assert isinstance(lowered, ReferenceLowered)
+        return _FlagStrictLowered(lowered.path, lowered.graphs)
+
+
+WHOLE_CHUNK = 1024 * 1024
+
+
+class _WholeChunksLowered(ReferenceLowered):
+    """Reads a tensor a 1 MiB chunk at a time but only whole chunks: a tail past the last whole one is left
+    as the fresh allocation held it (zeros here)."""
+
+    def package(self):
+        view = super().package()
+
+        def read(name: str) -> torch.Tensor:
+            t = view.read(name).clone()
+            whole = t.nbytes // WHOLE_CHUNK * WHOLE_CHUNK
+            if WHOLE_CHUNK <= whole < t.nbytes:
+                content.host_memory(t)[whole:] = bytes(t.nbytes - whole)
+            return t
+
+        return dataclasses.replace(view, read=read)
+
+
+class DropsChunkTails(ReferenceBackend):
+    """P4 at a real model's size: a package reader whose chunked copy drops a large tensor's last partial
+    chunk, which no tensor of the catalogue's small programs (each under one chunk, or whole chunks) has."""
+
+    name = "broken-p4-chunks"
+
+    def lower(self, programs, workdir: Path) -> ReferenceLowered:
+        lowered = super().lower(programs, workdir)
+        assert isinstance(lowered, ReferenceLowered)
+        return _WholeChunksLowered(lowered.path, lowered.graphs)
+
+
+class _TracedShapesLoaded(ReferenceLoaded):
+    """Takes each input only at the shape its method was traced with: a dynamic dimension is held to its
+    example size, as a runtime that plans memory for the traced shapes alone does."""
+
+    def _admits(self, method, inputs):
+        super()._admits(method, inputs)
+        graph = self._graphs[method]
+        items = self._package.bindings[method]["inputs"]
+        traced = [
+            tuple(int(s.node.hint) if isinstance(s, torch.SymInt) else s for s in node.meta["val"].shape)
+            for node, item in zip(graph.graph.find_nodes(op="placeholder"), items, strict=True)
+            if item["kind"] == "user"
+        ]
+        for i, (given, shape) in enumerate(zip(inputs, traced, strict=False)):
+            if tuple(given.shape) != shape:
+                raise CallRefused(
+                    f"method {method!r} takes input {i} as shape {shape}, not {tuple(given.shape)}"
+                )
+
+
+class TracedShapesOnly(_WithLoader):
+    """E1 over a dynamic dimension: a call at any size but the one the method was traced at is refused."""
+
+    name = "broken-e1-traced-shapes"
+
+    loaded = _TracedShapesLoaded

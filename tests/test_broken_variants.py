@@ -83,3 +83,39 @@ def test_a_loader_that_skips_the_input_check_fails_x1(pytester: pytest.Pytester,
     failed = [line for line in result.outlines if line.startswith("FAILED")]
     assert failed and all("test_call_with_wrong_inputs_is_refused" in line for line in failed), failed
     result.stdout.fnmatch_lines(["*accepted, returned outputs*"])
+
+
+def _fails_only(pytester: pytest.Pytester, variant: str, test: str, says: str) -> None:
+    """The suite on broken variant ``variant`` (tests/broken_backends.py), ``test`` selected: it fails, saying
+    ``says`` (a glob), and no other test does."""
+    result = pytester.runpytest_inprocess(
+        str(suite_path()),
+        f"--ptn-backend=broken_backends:{variant}",
+        "-k",
+        f"{test} and not in_bf16 and not in_fp16",
+        "-p",
+        "no:cacheprovider",
+    )
+    failed = [line for line in result.outlines if line.startswith("FAILED")]
+    assert failed and all(test in line for line in failed), failed
+    result.stdout.fnmatch_lines([says])
+
+
+def test_a_reader_that_refuses_every_zip_flag_fails_x2(pytester: pytest.Pytester, warm_torch: None) -> None:
+    """X2's other side: a package rezipped with data descriptors or its names flagged as UTF-8 is no damage,
+    and the reader that takes any flag bit for one refuses it."""
+    test = "test_package_rewritten_by_another_zip_writer_reads_the_same"
+    _fails_only(pytester, "RefusesZipFlags", test, "*sets flag bits*refused as unsupported*")
+
+
+def test_a_reader_that_drops_a_chunk_tail_fails_p4(pytester: pytest.Pytester, warm_torch: None) -> None:
+    """P4 past the catalogue's sizes: a tensor of 2.5 MiB, read a whole 1 MiB chunk at a time, loses its
+    tail; none of the catalogue's tensors has one (each is under a chunk, or whole chunks)."""
+    _fails_only(pytester, "DropsChunkTails", "test_a_deep_model_is_stored_once", "*does not hold method*")
+
+
+def test_a_loader_held_to_traced_shapes_fails_e1(pytester: pytest.Pytester, warm_torch: None) -> None:
+    """E1 over a dynamic dimension: a loader that takes each input only at its traced shape refuses calls
+    at the range's other sizes."""
+    test = "test_calls_across_a_dynamic_range_match_eager"
+    _fails_only(pytester, "TracedShapesOnly", test, "*takes input 0 as shape (5, 320), not (2, 320)*")
